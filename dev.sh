@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up and run from nothing but Python 3.11 + pip:
+#   bash dev.sh quickstart   # venv + install, then SCAN -> train every seq2seq arch -> table
+#   bash dev.sh test         # venv + install, then the test suite
+#   bash dev.sh setup        # venv + install only
+# The virtual environment is $VENV (default .venv) and is reused once installed.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+
+setup() {
+    local stamp="$VENV/.installed"
+    if [ -f "$stamp" ] && [ "$stamp" -nt setup.py ] && [ "$stamp" -nt dev.sh ]; then
+        return
+    fi
+    echo "== setting up $VENV (torch $TORCH_VERSION, fairseq, this package) =="
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+    "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+    # fairseq-fixed compiles extensions against the torch installed above: no build isolation
+    "$VENV/bin/python" -m pip install -q cython numpy
+    "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,plot]"
+    touch "$stamp"
+}
+
+case "${1:-}" in
+    setup) setup ;;
+    quickstart) setup; PATH="$PWD/$VENV/bin:$PATH" bash scripts/quickstart.sh "${@:2}" ;;
+    test)
+        setup
+        set +e
+        "$VENV/bin/python" -m pytest -q tests "${@:2}"
+        rc=$?
+        # pytest exits 5 when it collected no test: that is a failure, not a pass
+        [ $rc -eq 5 ] && echo "dev.sh: pytest ran no test" >&2
+        exit $rc ;;
+    *) echo "usage: bash dev.sh {quickstart|test|setup} [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,13 @@
+"""fairseq plugins for research on how encoder and decoder layers talk to each other.
+
+Load with ``fairseq-train --user-dir /abs/path/to/fairseq_plugins`` or ``import fairseq_plugins``
+after ``pip install -e .``. Importing applies the compatibility fixes in :mod:`.compat` and
+registers every model, architecture, criterion and task of the package.
+"""
+from . import compat
+
+compat.apply()
+
+from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
+
+__version__ = "0.1.0"

@@ -1,0 +1,73 @@
+"""Fixes that let fairseq 0.12.x run under torch >= 2.6 and numpy 2.
+
+Applied once when the package is imported (``apply()`` is idempotent). Each fix states what it
+repairs; nothing else in fairseq or torch is touched.
+"""
+import argparse
+import collections
+import types
+import typing
+
+import numpy as np
+import torch
+
+_APPLIED = False
+
+
+def _checkpoint_safe_globals():
+    """Types that fairseq checkpoints (and its distributed state broadcast) contain.
+
+    torch >= 2.6 loads with ``weights_only=True``: only allow-listed classes may be
+    unpickled. A fairseq checkpoint holds an ``argparse.Namespace`` (legacy models) and omegaconf
+    containers (the training config). When several processes resume a run, rank 0 broadcasts the
+    loaded state with torch.save/torch.load, which also carries fairseq's ``_TensorPlaceholder``
+    and plain containers. This list is the allow-list: no blanket ``weights_only=False``.
+    """
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    from fairseq.distributed.utils import _TensorPlaceholder
+
+    return [
+        argparse.Namespace,
+        DictConfig,
+        ListConfig,
+        ContainerMetadata,
+        Metadata,
+        AnyNode,
+        typing.Any,
+        dict,
+        list,
+        int,
+        collections.defaultdict,
+        _TensorPlaceholder,
+    ]
+
+
+def _add_numpy_aliases():
+    """Restore numpy aliases removed in numpy 2 that fairseq 0.12 still calls.
+
+    - ``np.compat.long`` (language_pair_dataset with ``--num-batch-buckets``,
+      token_block_dataset with ``--sample-break-mode eos``);
+    - ``np.int`` / ``np.float`` (data_utils batch bucketing, dynamic_crf_layer).
+    The aliases are what numpy 1.x defined them to be.
+    """
+    if not hasattr(np, "compat"):
+        np.compat = types.SimpleNamespace(long=int)
+    elif not hasattr(np.compat, "long"):
+        np.compat.long = int
+    for name, value in (("int", int), ("float", float)):
+        if name not in np.__dict__:
+            setattr(np, name, value)
+
+
+def apply():
+    """Apply every fix (safe to call any number of times)."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    if hasattr(torch.serialization, "add_safe_globals"):
+        torch.serialization.add_safe_globals(_checkpoint_safe_globals())
+    _add_numpy_aliases()
+    _APPLIED = True

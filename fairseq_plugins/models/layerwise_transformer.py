@@ -1,0 +1,266 @@
+"""``layerwise_transformer``: fairseq's Transformer with switchable layer-relationship features.
+
+One seq2seq model; each feature is an independent switch, and named architectures are presets:
+
+- layer-wise fusion (LRF, SPEC section 1): ``--encoder-fusion`` / ``--decoder-fusion`` add a
+  fuse-attention sub-layer (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the
+  ``--fusion-layers``) of that stack.
+
+With every switch off the model *is* fairseq's ``transformer`` (same modules, same parameter
+names), so checkpoints and results compare directly. Options are checked in :meth:`build_model`,
+so a bad combination fails before training starts.
+"""
+import argparse
+import logging
+from typing import Dict, List, Optional
+
+from torch import Tensor
+
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    tiny_architecture,
+    transformer_iwslt_de_en,
+)
+
+from ..modules.fuse_attention import LayerHistory
+from ..modules.fusion_layers import FusionDecoderLayer, FusionEncoderLayer
+from ..registry import register_model, register_model_architecture
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "layerwise_transformer"
+
+# fairseq layer options that the fusion layers' explicit sub-layer order does not implement.
+_UNSUPPORTED_WITH_FUSION = (
+    "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
+    "checkpoint_activations",
+)
+
+
+def add_fusion_args(parser):
+    group = parser.add_argument_group("layer-wise fusion (LRF)")
+    group.add_argument("--encoder-fusion", action=argparse.BooleanOptionalAction,
+                       help="add a fuse-attention sub-layer (over all lower layers' outputs, per "
+                            "token) to the encoder layers (default: off; on in fusion_* presets)")
+    group.add_argument("--decoder-fusion", action=argparse.BooleanOptionalAction,
+                       help="the same for the decoder layers")
+    group.add_argument("--fusion-heads", type=int, metavar="N",
+                       help="attention heads of the fuse-attention (default: the stack's "
+                            "--encoder/decoder-attention-heads); must divide the embedding dim")
+    group.add_argument("--fusion-layers", type=str, metavar="IDX,IDX,...",
+                       help="0-based indices of the layers that fuse, in every fused stack, like "
+                            "--encoder-layers-to-keep (default: all layers)")
+    group.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
+                       help="include the embedding output h_0 among the fused states "
+                            "(default: on, as in the paper)")
+
+
+def _parse_layers(spec: Optional[str], flag: str) -> Optional[List[int]]:
+    if spec is None or spec == "":
+        return None
+    try:
+        return sorted({int(tok) for tok in str(spec).split(",") if tok.strip() != ""})
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated layer indices, got {spec!r}") from None
+
+
+def fused_layer_indices(args, side: str) -> List[int]:
+    """Validated 0-based indices of the fusing layers of ``side`` ('encoder' or 'decoder')."""
+    num_layers = getattr(args, f"{side}_layers")
+    if num_layers < 2:
+        raise ValueError(
+            f"--{side}-fusion needs at least 2 {side} layers (--{side}-layers={num_layers}): "
+            "with one layer there is nothing below it to fuse"
+        )
+    first = 0 if args.fusion_include_embedding else 1
+    requested = _parse_layers(args.fusion_layers, "--fusion-layers")
+    if requested is None:
+        return list(range(first, num_layers))
+    for idx in requested:
+        if not first <= idx < num_layers:
+            allowed = f"{first}..{num_layers - 1}"
+            why = "" if first == 0 else " (layer 0 has nothing below it without the embedding)"
+            raise ValueError(f"--fusion-layers index {idx} is out of range for the {side}: "
+                             f"allowed {allowed}{why}")
+    return requested
+
+
+def fusion_heads(args, side: str) -> int:
+    heads = args.fusion_heads or getattr(args, f"{side}_attention_heads")
+    dim = getattr(args, f"{side}_embed_dim")
+    if heads <= 0 or dim % heads != 0:
+        divisors = [h for h in range(1, dim + 1) if dim % h == 0 and h <= 64]
+        raise ValueError(f"--fusion-heads={heads} must divide --{side}-embed-dim={dim}; "
+                         f"allowed: {divisors}")
+    return heads
+
+
+def validate_args(args):
+    """Build-time checks; raise ValueError naming the flag and the allowed values."""
+    fused_sides = [s for s in ("encoder", "decoder") if getattr(args, f"{s}_fusion")]
+    if fused_sides:
+        for name in _UNSUPPORTED_WITH_FUSION:
+            if getattr(args, name, False):
+                raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
+                                 "--encoder-fusion/--decoder-fusion")
+    elif args.fusion_layers or args.fusion_heads:
+        raise ValueError("--fusion-layers/--fusion-heads were given but neither "
+                         "--encoder-fusion nor --decoder-fusion is on")
+    for side in fused_sides:
+        fused_layer_indices(args, side)
+        fusion_heads(args, side)
+
+
+@register_model(MODEL_NAME)
+class LayerwiseTransformerModel(TransformerModel):
+    """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_fusion_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        layerwise_base_architecture(args)
+        validate_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return LayerwiseTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return LayerwiseTransformerDecoder(cfg, tgt_dict, embed_tokens,
+                                           no_encoder_attn=cfg.no_cross_attention)
+
+    # -- analysis -------------------------------------------------------------------------
+    def _fuse_modules(self, side: str):
+        layers = getattr(self, side).layers
+        return [(i, l.fuse_attn) for i, l in enumerate(layers) if getattr(l, "fuse_attn", None)]
+
+    def record_fusion_weights(self, enabled: bool = True):
+        """Keep fuse-attention weights of the next forward passes (off by default: no cost)."""
+        for side in ("encoder", "decoder"):
+            for _, module in self._fuse_modules(side):
+                module.keep_weights = enabled
+                module.last_weights = None
+
+    def fusion_weights(self) -> Dict[str, Dict[int, Tensor]]:
+        """Weights of the last forward pass: {'encoder'|'decoder': {layer: B x H x T x L}}.
+
+        L = number of states the layer attended (embedding output first, its own input last).
+        Empty until :meth:`record_fusion_weights` was called before a forward pass.
+        """
+        return {side: {i: m.last_weights for i, m in self._fuse_modules(side)
+                       if m.last_weights is not None}
+                for side in ("encoder", "decoder")}
+
+
+def _make_history(cfg, side: str) -> Optional[LayerHistory]:
+    if not getattr(cfg, f"{side}_fusion", False):
+        return None
+    return LayerHistory(fused_layer_indices(cfg, side), cfg.fusion_include_embedding)
+
+
+class LayerwiseTransformerEncoder(TransformerEncoderBase):
+    """fairseq's encoder; with fusion, its layers see all lower layers' outputs (T x B x C)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        # Set before super().__init__(), which builds the layers (fairseq's legacy encoder
+        # stores self.args the same way).
+        self.fusion_history = _make_history(cfg, "encoder")
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+
+    def build_encoder_layer(self, cfg):
+        if self.fusion_history is None:
+            return super().build_encoder_layer(cfg)
+        idx, self._layers_built = self._layers_built, self._layers_built + 1
+        return FusionEncoderLayer(cfg, self.fusion_history, idx, fusion_heads(cfg, "encoder"))
+
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
+                           return_all_hiddens: bool = False,
+                           token_embeddings: Optional[Tensor] = None):
+        if self.fusion_history is None:
+            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
+                                              token_embeddings)
+        with self.fusion_history.recording():
+            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
+                                              token_embeddings)
+
+
+class LayerwiseTransformerDecoder(TransformerDecoderBase):
+    """fairseq's decoder; with fusion, its layers see all lower layers' outputs (T x B x C)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False,
+                 output_projection=None):
+        self.fusion_history = _make_history(cfg, "decoder")
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        if self.fusion_history is None:
+            return super().build_decoder_layer(cfg, no_encoder_attn)
+        idx, self._layers_built = self._layers_built, self._layers_built + 1
+        return FusionDecoderLayer(cfg, self.fusion_history, idx, fusion_heads(cfg, "decoder"),
+                                  no_encoder_attn=no_encoder_attn)
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None,
+                                    full_context_alignment=False, alignment_layer=None,
+                                    alignment_heads=None):
+        args = (prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
+                alignment_layer, alignment_heads)
+        if self.fusion_history is None:
+            return super().extract_features_scriptable(*args)
+        with self.fusion_history.recording():
+            return super().extract_features_scriptable(*args)
+
+
+# -- architectures -------------------------------------------------------------------------
+
+@register_model_architecture(MODEL_NAME, MODEL_NAME)
+def layerwise_base_architecture(args):
+    """Every feature off: fairseq's ``transformer`` (base sizes)."""
+    args.encoder_fusion = getattr(args, "encoder_fusion", False)
+    args.decoder_fusion = getattr(args, "decoder_fusion", False)
+    args.fusion_heads = getattr(args, "fusion_heads", None)
+    args.fusion_layers = getattr(args, "fusion_layers", None)
+    args.fusion_include_embedding = getattr(args, "fusion_include_embedding", True)
+    base_architecture(args)
+
+
+def _iwslt_de_en_shared(args):
+    # The LRF paper's CoGnition setting: transformer_iwslt_de_en with shared decoder in/out embed.
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+    transformer_iwslt_de_en(args)
+
+
+_SIZES = {"": base_architecture, "_iwslt_de_en": _iwslt_de_en_shared, "_tiny": tiny_architecture}
+_FUSION_SIDES = {"fusion": (True, True), "fusion_enc": (True, False), "fusion_dec": (False, True)}
+
+
+def _register_fusion_preset(prefix, size):
+    encoder_fusion, decoder_fusion = _FUSION_SIDES[prefix]
+    size_fn = _SIZES[size]
+
+    def preset(args):
+        args.encoder_fusion = getattr(args, "encoder_fusion", encoder_fusion)
+        args.decoder_fusion = getattr(args, "decoder_fusion", decoder_fusion)
+        size_fn(args)
+        layerwise_base_architecture(args)
+
+    preset.__qualname__ = preset.__name__ = f"{prefix}_transformer{size}"
+    register_model_architecture(MODEL_NAME, preset.__name__)(preset)
+
+
+# fusion_transformer{,_iwslt_de_en,_tiny}: both stacks fuse; fusion_enc_* / fusion_dec_*: the
+# paper's ablation (encoder-only / decoder-only fusion).
+for _prefix in _FUSION_SIDES:
+    for _size in _SIZES:
+        _register_fusion_preset(_prefix, _size)

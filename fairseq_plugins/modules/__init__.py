@@ -1,0 +1,1 @@
+"""Reusable layers (one idea per file); models compose them."""

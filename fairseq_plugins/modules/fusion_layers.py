@@ -1,0 +1,161 @@
+"""Transformer layers with a fuse-attention sub-layer before the FFN (LRF).
+
+Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
+-> FFN. Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``)
+or after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
+keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
+``fuse_attn_layer_norm``.
+
+fairseq's layers run their sub-layers inside one ``forward`` with no hook between attention and
+FFN, so these subclasses override ``forward`` to spell the order out, reusing the parent's
+modules. Options of fairseq's layers that have no place in that order (``--cross-self-attention``,
+``--scale-attn/-heads/-fc/-resid``) are rejected at model build time (see
+``models/layerwise_transformer.py``).
+"""
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq.modules import LayerNorm
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from .fuse_attention import FuseAttention, LayerHistory
+
+
+class _FusionSublayers:
+    """Fuse-attention and FFN sub-layers shared by the encoder and decoder layers."""
+
+    def _init_fusion(self, cfg, embed_dim, history: LayerHistory, layer_idx: int, heads: int):
+        self.history = history  # plain attribute: shared with the stack, not a sub-module
+        self.layer_idx = layer_idx
+        if layer_idx in history.fused_layers:
+            self.fuse_attn = FuseAttention(
+                embed_dim, heads, dropout=cfg.attention_dropout,
+                q_noise=cfg.quant_noise.pq, qn_block_size=cfg.quant_noise.pq_block_size,
+            )
+            self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
+        else:
+            self.fuse_attn = None
+            self.fuse_attn_layer_norm = None
+
+    def _record_input(self, x: Tensor):
+        if self.history.records_input_of(self.layer_idx):
+            self.history.append(x)
+
+    def _fusion_block(self, x: Tensor) -> Tensor:
+        if self.fuse_attn is None:
+            return x
+        residual = x
+        if self.normalize_before:
+            x = self.fuse_attn_layer_norm(x)
+        x, _ = self.fuse_attn(x, self.history.states)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.fuse_attn_layer_norm(x)
+        return x
+
+    def _ffn_block(self, x: Tensor) -> Tensor:
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_fn(self.fc1(x))
+        x = self.activation_dropout_module(x)
+        x = self.fc2(x)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x
+
+
+class FusionEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
+    """Encoder layer: self-attn -> fuse-attn -> FFN. Input/output T x B x C."""
+
+    def __init__(self, cfg, history: LayerHistory, layer_idx: int, fusion_heads: int):
+        super().__init__(cfg)
+        self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        self._record_input(x)
+        if attn_mask is not None:
+            # as fairseq: a large negative number, not -inf, so padded query rows stay finite
+            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool),
+                                              -1e8 if x.dtype == torch.float32 else -1e4)
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
+                              need_weights=False, attn_mask=attn_mask)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self._fusion_block(x)
+        return self._ffn_block(x)
+
+
+class FusionDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
+    """Decoder layer: self-attn -> cross-attn -> fuse-attn -> FFN. Input/output T x B x C.
+
+    Incremental decoding uses fairseq's caches for self- and cross-attention; the fuse-attention
+    needs none (it attends over the current step's lower-layer outputs only).
+    """
+
+    def __init__(self, cfg, history: LayerHistory, layer_idx: int, fusion_heads: int,
+                 no_encoder_attn: bool = False):
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
+
+    def forward(
+        self,
+        x,
+        encoder_out: Optional[Tensor] = None,
+        encoder_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        prev_self_attn_state: Optional[List[Tensor]] = None,
+        prev_attn_state: Optional[List[Tensor]] = None,
+        self_attn_mask: Optional[Tensor] = None,
+        self_attn_padding_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
+        if prev_self_attn_state is not None or prev_attn_state is not None:
+            raise NotImplementedError("FusionDecoderLayer does not take prev_*_attn_state")
+        if need_head_weights:
+            need_attn = True
+        self._record_input(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask,
+                              incremental_state=incremental_state, need_weights=False,
+                              attn_mask=self_attn_mask)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        attn = None
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+            x, attn = self.encoder_attn(
+                query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state, static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights,
+            )
+            x = self.dropout_module(x)
+            x = self.residual_connection(x, residual)
+            if not self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+
+        x = self._fusion_block(x)
+        return self._ffn_block(x), attn, None
