@@ -68,3 +68,13 @@ def incremental_decode(model, src, lengths, prev):
         out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
         outs.append(out)
     return torch.cat(outs, dim=1)
+
+
+def beam_search(model, task, src, lengths, beam=4, max_len_b=12):
+    """fairseq's SequenceGenerator (the one fairseq-generate uses) on one batch."""
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=max_len_b,
+                            search_strategy=search.BeamSearch(task.target_dictionary))
+    return gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})

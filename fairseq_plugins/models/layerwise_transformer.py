@@ -41,19 +41,19 @@ _UNSUPPORTED_WITH_FUSION = (
 
 
 def add_fusion_args(parser):
-    group = parser.add_argument_group("layer-wise fusion (LRF)")
-    group.add_argument("--encoder-fusion", action=argparse.BooleanOptionalAction,
+    # fairseq hands add_args its model argument group already (nesting groups is deprecated)
+    parser.add_argument("--encoder-fusion", action=argparse.BooleanOptionalAction,
                        help="add a fuse-attention sub-layer (over all lower layers' outputs, per "
                             "token) to the encoder layers (default: off; on in fusion_* presets)")
-    group.add_argument("--decoder-fusion", action=argparse.BooleanOptionalAction,
+    parser.add_argument("--decoder-fusion", action=argparse.BooleanOptionalAction,
                        help="the same for the decoder layers")
-    group.add_argument("--fusion-heads", type=int, metavar="N",
+    parser.add_argument("--fusion-heads", type=int, metavar="N",
                        help="attention heads of the fuse-attention (default: the stack's "
                             "--encoder/decoder-attention-heads); must divide the embedding dim")
-    group.add_argument("--fusion-layers", type=str, metavar="IDX,IDX,...",
+    parser.add_argument("--fusion-layers", type=str, metavar="IDX,IDX,...",
                        help="0-based indices of the layers that fuse, in every fused stack, like "
                             "--encoder-layers-to-keep (default: all layers)")
-    group.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
+    parser.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
                        help="include the embedding output h_0 among the fused states "
                             "(default: on, as in the paper)")
 

@@ -91,9 +91,12 @@ class FuseAttention(nn.Module):
         depth = len(history)
         q = query.reshape(1, tgt_len * bsz, dim)
         kv = torch.stack(history, dim=0).reshape(depth, tgt_len * bsz, dim)
+        # fairseq's fast path (torch's fused MHA) only returns head-averaged weights; when the
+        # per-head weights are wanted, static_kv=True (no incremental state here, so nothing is
+        # cached) routes the call through fairseq's own path, which returns them.
         out, weights = self.attn(
             query=q, key=kv, value=kv, need_weights=self.keep_weights,
-            need_head_weights=self.keep_weights,
+            need_head_weights=self.keep_weights, static_kv=self.keep_weights,
         )
         out = out.view(tgt_len, bsz, dim)
         if self.keep_weights:

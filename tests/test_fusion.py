@@ -1,0 +1,163 @@
+import pytest
+import torch
+
+from helpers import (beam_search, build_translation_model, incremental_decode, make_dict,
+                     random_batch)
+
+
+def _copy_shared_weights(src_model, dst_model):
+    """Load every parameter of ``src_model`` into ``dst_model``; return the keys only dst has."""
+    missing, unexpected = dst_model.load_state_dict(src_model.state_dict(), strict=False)
+    assert unexpected == []
+    return missing
+
+
+def _randomise_layer_norms(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "layer_norm" in name:
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if "weight" in name else 0))
+
+
+@pytest.mark.parametrize("normalize_before", [True, False])
+def test_zero_fusion_output_equals_transformer(normalize_before):
+    extra = ["--encoder-normalize-before", "--decoder-normalize-before"] if normalize_before else []
+    base, task, _ = build_translation_model("transformer_tiny", extra, seed=3)
+    fused, _, _ = build_translation_model("fusion_transformer_tiny", extra,
+                                          task.source_dictionary, task.target_dictionary, seed=4)
+    if normalize_before:
+        # pre-norm: a zero fuse output is an exact identity, whatever the LayerNorms hold
+        _randomise_layer_norms(base)
+    missing = _copy_shared_weights(base, fused)
+    assert missing and all(".fuse_attn" in k for k in missing)
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    base.eval(), fused.eval()
+    out_base, _ = base(src, lengths, prev)
+    out_fused, _ = fused(src, lengths, prev)
+    assert (out_base - out_fused).abs().max() > 1e-3  # the fusion sub-layers do contribute
+
+    for name, p in fused.named_parameters():
+        if "fuse_attn.attn.out_proj" in name:
+            p.data.zero_()
+    out_fused, _ = fused(src, lengths, prev)
+    # post-norm adds LN(LN(x)) with a fresh LN (weight 1, bias 0): identity up to LN's eps
+    tol = 1e-6 if normalize_before else 1e-4
+    assert (out_base - out_fused).abs().max() < tol
+
+
+@pytest.mark.parametrize("arch", ["fusion_transformer_tiny", "fusion_enc_transformer_tiny",
+                                  "fusion_dec_transformer_tiny"])
+@pytest.mark.parametrize("extra", [[], ["--encoder-normalize-before", "--decoder-normalize-before"],
+                                   ["--fusion-layers", "1", "--no-fusion-include-embedding"]])
+def test_incremental_equals_full_forward(arch, extra):
+    model, task, _ = build_translation_model(arch, extra)
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, tgt_len=9)
+    full, _ = model(src, lengths, prev)
+    inc = incremental_decode(model, src, lengths, prev)
+    assert (full - inc).abs().max() < 1e-5
+
+
+def test_beam_search_batch_equals_one_by_one():
+    torch.manual_seed(0)
+    model, task, _ = build_translation_model("fusion_transformer_tiny")
+    model.eval()
+    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=3)
+    with torch.no_grad():
+        batched = beam_search(model, task, src, lengths, beam=4)
+        assert len(batched) == 3 and all(len(h) == 4 for h in batched)
+        for i in range(3):
+            n = int(lengths[i])
+            single = beam_search(model, task, src[i:i + 1, -n:], lengths[i:i + 1], beam=4)
+            for hb, hs in zip(batched[i], single[0]):
+                assert torch.equal(hb["tokens"], hs["tokens"])
+                assert abs(hb["score"].item() - hs["score"].item()) < 1e-4
+
+
+def _param_count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_count_matches_paper_formula():
+    src, tgt = make_dict(30, "s"), make_dict(30, "t")
+    base, _, _ = build_translation_model("transformer", [], src, tgt)
+    fused, _, _ = build_translation_model("fusion_transformer", [], src, tgt)
+    d = 512
+    assert _param_count(fused) - _param_count(base) == 12 * (4 * d * d + 6 * d) == 12_619_776
+
+
+def test_fusion_layers_and_embedding_switches():
+    model, _, _ = build_translation_model(
+        "fusion_enc_transformer_tiny",
+        ["--encoder-layers", "4", "--fusion-layers", "1,3", "--no-fusion-include-embedding"])
+    has_fuse = [layer.fuse_attn is not None for layer in model.encoder.layers]
+    assert has_fuse == [False, True, False, True]
+    assert all(not hasattr(layer, "fuse_attn") for layer in model.decoder.layers)
+    model.eval()
+    model.record_fusion_weights()
+    src, lengths, prev = random_batch(make_dict(20, "s"), make_dict(20, "t"))
+    model(src, lengths, prev)
+    weights = model.fusion_weights()["encoder"]
+    # without h_0, layer 1 sees [h_1], layer 3 sees [h_1, h_2, h_3]
+    assert sorted(weights) == [1, 3]
+    assert weights[1].shape[-1] == 1 and weights[3].shape[-1] == 3
+
+
+def test_fusion_weights_shape_and_normalisation():
+    model, task, _ = build_translation_model("fusion_transformer_tiny")
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, bsz=2,
+                                      src_len=5, tgt_len=4)
+    model(src, lengths, prev)
+    assert model.fusion_weights() == {"encoder": {}, "decoder": {}}  # nothing kept by default
+    model.record_fusion_weights()
+    model(src, lengths, prev)
+    w = model.fusion_weights()
+    for layer in (0, 1):
+        enc, dec = w["encoder"][layer], w["decoder"][layer]
+        assert enc.shape == (2, 2, 5, layer + 1)  # B x H x T x (h_0 .. h_layer)
+        assert dec.shape == (2, 2, 4, layer + 1)
+        torch.testing.assert_close(enc.sum(-1), torch.ones(2, 2, 5))
+    model.record_fusion_weights(False)
+    model(src, lengths, prev)
+    assert model.fusion_weights() == {"encoder": {}, "decoder": {}}
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fusion-heads", "3"], "--fusion-heads=3 must divide --encoder-embed-dim=64"),
+    (["--fusion-layers", "2"], "--fusion-layers index 2 is out of range for the encoder"),
+    (["--fusion-layers", "0", "--no-fusion-include-embedding"], "index 0 is out of range"),
+    (["--fusion-layers", "a,b"], "--fusion-layers must be comma-separated"),
+    (["--encoder-layers", "1"], "--encoder-fusion needs at least 2 encoder layers"),
+    (["--decoder-layers", "1"], "--decoder-fusion needs at least 2 decoder layers"),
+    (["--checkpoint-activations"], "--checkpoint-activations is not supported"),
+    (["--cross-self-attention"], "--cross-self-attention is not supported"),
+])
+def test_build_time_errors(extra, message):
+    with pytest.raises(ValueError, match=message.replace("-", r"\-").replace(".", r"\.")):
+        build_translation_model("fusion_transformer_tiny", extra)
+
+
+def test_fusion_flags_without_fusion_are_rejected():
+    with pytest.raises(ValueError, match="neither --encoder-fusion nor --decoder-fusion"):
+        build_translation_model("layerwise_transformer", ["--fusion-heads", "4"])
+
+
+def test_layerwise_transformer_without_features_is_fairseq_transformer():
+    base, task, _ = build_translation_model("transformer_tiny", seed=5)
+    plain, _, _ = build_translation_model(
+        "layerwise_transformer",
+        ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "64", "--encoder-layers", "2",
+         "--encoder-attention-heads", "2", "--decoder-layers", "2",
+         "--decoder-attention-heads", "2"], task.source_dictionary, task.target_dictionary)
+    assert plain.state_dict().keys() == base.state_dict().keys()
+    plain.load_state_dict(base.state_dict())
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    base.eval(), plain.eval()
+    assert torch.equal(base(src, lengths, prev)[0], plain(src, lengths, prev)[0])
+
+
+def test_layer_called_outside_stack_is_a_clear_error():
+    model, _, _ = build_translation_model("fusion_transformer_tiny")
+    with pytest.raises(RuntimeError, match="outside its stack's forward"):
+        model.encoder.layers[0](torch.zeros(3, 2, 64), None)
