@@ -163,13 +163,20 @@ def _replace_dir(tmp, final):
     os.rename(tmp, final)
 
 
-def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_data=True, log=print):
+def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_data=True, log=print,
+            force=False):
+    final = os.path.join(out_dir, split)
+    dest = dest_dir or os.path.join("data-bin", f"scan-{split}")
+    # every output is renamed into place only when complete, so existing means finished
+    if not force and os.path.isdir(final) and (not binarize_data or os.path.isdir(dest)):
+        log(f"scan/{split}: already prepared ({final}{', ' + dest if binarize_data else ''}); "
+            "--force to rebuild")
+        return final
     train, test = make_split(split, seed)
     expected = PUBLISHED_SIZES[split]
     if (len(train), len(test)) != expected:  # pragma: no cover - guards the grammar itself
         raise AssertionError(f"SCAN {split}: generated {len(train)}/{len(test)}, published {expected}")
     os.makedirs(out_dir, exist_ok=True)
-    final = os.path.join(out_dir, split)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{split}-", dir=out_dir)
     try:
         write_split_text(tmp, train, test, valid_size, seed)
@@ -179,7 +186,6 @@ def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_dat
         raise
     log(f"scan/{split}: train {len(train)}, valid {min(valid_size, len(train))}, test {len(test)} -> {final}")
     if binarize_data:
-        dest = dest_dir or os.path.join("data-bin", f"scan-{split}")
         binarize(final, dest)
         log(f"scan/{split}: fairseq binaries -> {dest}")
     return final
@@ -205,6 +211,7 @@ def main(argv=None):
                    help="training examples sampled (with the seed) as the validation set")
     p.add_argument("--seed", type=int, default=1, help="seed for shuffling and the simple split")
     p.add_argument("--no-binarize", action="store_true", help="write text only")
+    p.add_argument("--force", action="store_true", help="rebuild even if the output exists")
     args = p.parse_args(argv)
 
     splits = SPLITS if args.split == "all" else tuple(s.strip() for s in args.split.split(","))
@@ -218,7 +225,8 @@ def main(argv=None):
         if not args.no_binarize:
             _check_writable(args.dest_dir or "data-bin")
         for s in splits:
-            prepare(s, args.out_dir, args.dest_dir, args.valid_size, args.seed, not args.no_binarize)
+            prepare(s, args.out_dir, args.dest_dir, args.valid_size, args.seed, not args.no_binarize,
+                    force=args.force)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"prepare_scan.py: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,61 @@
+"""Read fairseq-generate output back into the original sample order.
+
+fairseq-generate prints batches in length order; each line carries its sample id:
+``S-<id>`` source, ``T-<id>`` reference, ``H-<id>\t<score>\t<tokens>`` hypothesis and, after
+detokenisation/BPE removal, ``D-<id>\t<score>\t<text>``. Scorers need every sample exactly once,
+in id order: a missing or repeated id is an error that names the file, line and id.
+"""
+from typing import Dict, List, Optional
+
+
+class GenerateLogError(ValueError):
+    pass
+
+
+def read_generate_log(path: str, expected: Optional[int] = None) -> Dict[str, List[str]]:
+    """Return {'hypotheses': [...], 'references': [...], 'sources': [...]} ordered by sample id.
+
+    Hypotheses come from ``D-`` lines (detokenised) when the log has them, else ``H-`` lines.
+    Only the best hypothesis per id is kept (``--nbest`` > 1 prints several, best first).
+    ``references`` / ``sources`` are empty lists when the log has no ``T-`` / ``S-`` lines.
+    """
+    fields = {"S": {}, "T": {}, "H": {}, "D": {}}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            tag, sep, rest = line.rstrip("\n").partition("-")
+            if tag not in fields or not sep:
+                continue
+            parts = rest.split("\t")
+            try:
+                sample_id = int(parts[0])
+            except ValueError:
+                continue
+            text = parts[-1] if len(parts) > (2 if tag in "HD" else 1) else ""
+            if tag in "HD" and sample_id in fields[tag]:
+                continue  # nbest: keep the first (best) hypothesis
+            if tag in "ST" and sample_id in fields[tag]:
+                raise GenerateLogError(f"{path}:{lineno}: sample id {sample_id} appears twice")
+            fields[tag][sample_id] = text
+    hyps = fields["D"] or fields["H"]
+    if not hyps:
+        raise GenerateLogError(f"{path}: no H-/D- hypothesis lines (is this fairseq-generate output?)")
+    n = expected if expected is not None else max(hyps) + 1
+    missing = [i for i in range(n) if i not in hyps]
+    if missing:
+        raise GenerateLogError(
+            f"{path}: {len(missing)} of {n} sample ids have no hypothesis (first missing: "
+            f"{missing[0]}); fairseq-generate drops a final partial batch unless "
+            "--required-batch-size-multiple 1 is given")
+    if max(hyps) >= n:
+        raise GenerateLogError(f"{path}: sample id {max(hyps)} beyond the expected {n} samples")
+
+    def ordered(d):
+        return [d[i] for i in range(n)] if d else []
+
+    return {"hypotheses": ordered(hyps), "references": ordered(fields["T"]),
+            "sources": ordered(fields["S"])}
+
+
+def read_lines(path: str) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]

@@ -1,0 +1,70 @@
+"""Timing and memory helpers shared by the benchmark scripts (JSON out, no assertions).
+
+Speed: the median of several timed windows after warm-up, every model measured in the same
+process run with the same threads and data. Peak memory: on CUDA, torch's allocator peak; on
+CPU, each measurement runs in its own subprocess and reports the growth of its peak resident set
+during the timed steps over the peak after building model and data (activations, gradients and
+optimizer state), since the allocator keeps no CPU statistics.
+"""
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_windows(step, windows, steps_per_window, warmup, device):
+    for _ in range(warmup):
+        step()
+    sync(device)
+    times = []
+    for _ in range(windows):
+        start = time.perf_counter()
+        for _ in range(steps_per_window):
+            step()
+        sync(device)
+        times.append((time.perf_counter() - start) / steps_per_window)
+    return times
+
+
+def memory_start(device):
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.max_memory_allocated() / 2**20
+    return peak_rss_mb()
+
+
+def memory_peak_growth(device, start):
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20 - start
+    return peak_rss_mb() - start
+
+
+def run_isolated(script, worker_args, threads):
+    """Run ``script --worker ...`` in a fresh process; return its JSON line."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, script, "--worker", json.dumps(worker_args)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median(xs):
+    return statistics.median(xs)

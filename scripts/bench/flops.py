@@ -1,0 +1,31 @@
+"""Analytic multiply-accumulate (MAC) counts per training example for seq2seq models.
+
+Only matrix products are counted (projections, attention scores and sums, output layer); norms,
+softmax and element-wise ops are left out, so a measured time ratio may exceed the MAC ratio by
+the share of those memory-bound ops. Backward costs ~2x forward for every term, so the
+forward ratio is also the training ratio.
+"""
+
+
+def transformer_macs(d, ffn, enc_layers, dec_layers, src_len, tgt_len, vocab):
+    """Forward MACs of fairseq's transformer for one (source, target) pair."""
+    enc_layer = src_len * (4 * d * d + 2 * src_len * d + 2 * d * ffn)
+    dec_self = tgt_len * (4 * d * d + 2 * tgt_len * d)
+    dec_cross = tgt_len * (2 * d * d + 2 * src_len * d) + src_len * 2 * d * d  # K/V per source
+    dec_ffn = tgt_len * 2 * d * ffn
+    return (enc_layers * enc_layer + dec_layers * (dec_self + dec_cross + dec_ffn)
+            + tgt_len * d * vocab)
+
+
+def fusion_extra_macs(d, layers_fused, seq_len, include_embedding=True):
+    """Forward MACs that fuse-attention adds to one stack, for ``seq_len`` tokens.
+
+    Layer i (0-based) attends over i+1 states (i without the embedding output): Q and O
+    projections of the token (2 d^2), K and V projections of every state (2 (i+1) d^2), scores
+    and weighted sum (2 (i+1) d).
+    """
+    total = 0
+    for i in layers_fused:
+        depth = i + 1 if include_embedding else i
+        total += 2 * d * d + 2 * depth * d * d + 2 * depth * d
+    return seq_len * total

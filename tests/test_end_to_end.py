@@ -1,0 +1,109 @@
+"""Real CLIs end to end: prepare_scan (fairseq-preprocess) -> fairseq-train --user-dir ->
+fairseq-generate / fairseq-interactive / fairseq-validate with only --user-dir, under
+torch >= 2.6 with no environment variable forcing the old torch.load behaviour."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import PLUGIN_DIR, REPO, SCRIPTS
+
+sys.path.insert(0, REPO)
+from fairseq_plugins.metrics.generate_log import read_generate_log  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_cli(name, *args, stdin=None, cwd=None):
+    proc = subprocess.run([os.path.join(BIN, name), *map(str, args)], input=stdin, text=True,
+                          capture_output=True, env=_env(), cwd=cwd)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def scan_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scan")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), "--split", "length",
+         "--out-dir", str(root / "text"), "--dest-dir", str(root / "bin"), "--valid-size", "200"],
+        capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def train(scan_bin, arch, *extra, updates=20):
+    save_dir = scan_bin / f"ckpt-{arch}"
+    run_cli("fairseq-train", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--arch", arch,
+            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1024",
+            "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--num-workers", "0", "--seed", "1", *extra)
+    ckpt = save_dir / "checkpoint_last.pt"
+    assert ckpt.exists()
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def fusion_ckpt(scan_bin):
+    return train(scan_bin, "fusion_transformer_tiny")
+
+
+def test_preprocess_outputs(scan_bin):
+    files = set(os.listdir(scan_bin / "bin"))
+    for subset in ("train", "valid", "test"):
+        for lang in ("in", "out"):
+            assert f"{subset}.in-out.{lang}.bin" in files
+    assert {"dict.in.txt", "dict.out.txt"} <= files
+
+
+def test_generate_with_only_user_dir(scan_bin, fusion_ckpt, tmp_path):
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR,
+                  "--path", fusion_ckpt, "--gen-subset", "valid", "--beam", "4",
+                  "--batch-size", "64", "--required-batch-size-multiple", "1",
+                  "--num-workers", "0")
+    log = tmp_path / "gen.txt"
+    log.write_text(out)
+    parsed = read_generate_log(str(log), expected=200)
+    assert len(parsed["hypotheses"]) == 200 and len(parsed["references"]) == 200
+    assert all(h.strip() for h in parsed["hypotheses"][:20])  # the model emits actions
+
+
+def test_interactive_with_only_user_dir(scan_bin, fusion_ckpt):
+    out = run_cli("fairseq-interactive", scan_bin / "bin", "--user-dir", PLUGIN_DIR,
+                  "--path", fusion_ckpt, "--source-lang", "in", "--target-lang", "out",
+                  "--beam", "3", "--buffer-size", "2", "--batch-size", "2",
+                  stdin="jump twice\nwalk left and look\nrun\n")
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 3
+
+
+def test_validate_with_only_user_dir(scan_bin, fusion_ckpt):
+    out = run_cli("fairseq-validate", scan_bin / "bin", "--user-dir", PLUGIN_DIR,
+                  "--task", "translation", "--path", fusion_ckpt, "--valid-subset", "valid",
+                  "--max-tokens", "2048", "--num-workers", "0")
+    assert "valid on 'valid' subset" in out and "loss" in out
+
+
+def test_quickstart_runs_and_writes_table(scan_bin, tmp_path):
+    out_dir = tmp_path / "qs"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
+         "--max-update", "5", "--archs", "transformer_tiny,fusion_transformer_tiny",
+         "--out-dir", str(out_dir)],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| fusion_transformer_tiny |" in proc.stdout
+    import json
+
+    results = json.loads((out_dir / "results.json").read_text())["results"]
+    assert [r["arch"] for r in results] == ["transformer_tiny", "fusion_transformer_tiny"]
+    assert all(r["total"] == 3920 for r in results)
+    assert results[1]["params"] > results[0]["params"]
