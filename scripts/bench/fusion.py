@@ -128,7 +128,7 @@ def main(argv=None):
     else:
         cfg = dict(layers=3, d=256, ffn=1024, heads=4, vocab=8000, src_len=32, tgt_len=32,
                    max_tokens=4096, gen_sentences=64)
-        windows = dict(train=7, steps=3, warmup=3, gen=3)
+        windows = dict(train=7, steps=3, warmup=3, gen=7)
     results = {}
     for variant in args.variants.split(","):
         job = dict(variant=variant, cfg=cfg, device=args.device, fp16=args.fp16,
