@@ -161,3 +161,41 @@ def test_layer_called_outside_stack_is_a_clear_error():
     model, _, _ = build_translation_model("fusion_transformer_tiny")
     with pytest.raises(RuntimeError, match="outside its stack's forward"):
         model.encoder.layers[0](torch.zeros(3, 2, 64), None)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 6])
+def test_fuse_attention_equals_multihead_attention_over_depth(depth):
+    """Both computation paths are the MHA over [h_0..h_l] that SPEC defines: values and grads."""
+    from fairseq_plugins.modules.fuse_attention import FuseAttention
+
+    torch.manual_seed(depth)
+    d, heads, T, B = 32, 4, 5, 3
+    fuse = FuseAttention(d, heads).double()
+    for p in fuse.parameters():  # non-zero biases so the bias algebra is exercised
+        p.data.normal_(0, 0.3)
+    assert fuse.use_absorbed(depth) == (depth >= 2)
+    query = torch.randn(T, B, d, dtype=torch.double, requires_grad=True)
+    history = [torch.randn(T, B, d, dtype=torch.double, requires_grad=True) for _ in range(depth)]
+
+    inputs = [query, *history, *fuse.parameters()]
+
+    def gradients(output):
+        # the absorbed path never reads the key bias (the softmax cancels it): None means zero
+        grads = torch.autograd.grad(output.square().sum(), inputs, allow_unused=True)
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+    out, _ = fuse(query, history)
+    grads = gradients(out)
+
+    kv = torch.stack(history, 0).reshape(depth, T * B, d)
+    ref, _ = fuse.attn(query=query.reshape(1, T * B, d), key=kv, value=kv, need_weights=False)
+    ref = ref.view(T, B, d)
+    ref_grads = gradients(ref)
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_quant_noise_is_rejected_with_fusion():
+    with pytest.raises(ValueError, match="--quant-noise-pq is not supported"):
+        build_translation_model("fusion_transformer_tiny", ["--quant-noise-pq", "0.1"])

@@ -34,9 +34,11 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "layerwise_transformer"
 
 # fairseq layer options that the fusion layers' explicit sub-layer order does not implement.
+# quant_noise_pq: the fuse-attention reads its K/V weights directly (see FuseAttention), which
+# would bypass quant-noise's forward hooks.
 _UNSUPPORTED_WITH_FUSION = (
     "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
-    "checkpoint_activations",
+    "checkpoint_activations", "quant_noise_pq",
 )
 
 

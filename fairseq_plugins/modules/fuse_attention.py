@@ -57,27 +57,38 @@ class LayerHistory:
 class FuseAttention(nn.Module):
     """Multi-head attention of each token over its own lower-layer outputs.
 
-    Built on fairseq's :class:`MultiheadAttention` (own Q/K/V/O projections: 4d^2 + 4d
-    parameters) with depth as the key axis and the T x B tokens as the batch, so it uses the same
-    kernels and fp16 handling as the other attention sub-layers.
+    The parameters are those of a fairseq :class:`MultiheadAttention` (own Q/K/V/O projections,
+    4d^2 + 4d; same names and initialisation), with depth as the key axis and the T x B tokens as
+    the batch. Two exact computations of the same function, chosen per call by MAC count:
+
+    - ``standard``: fairseq's MultiheadAttention (project every state to K and V):
+      2d^2 + 2Ld^2 + 2Ld MACs per token for L states.
+    - ``absorbed``: fold W_k into the query and W_v behind the mixing, since
+      q_h . (W_k,h s + b_k,h) = (W_k,h^T q_h) . s + const_h (the constant cancels in the softmax)
+      and sum_j p_j (W_v,h s_j + b_v,h) = W_v,h (sum_j p_j s_j) + (sum_j p_j) b_v,h:
+      4d^2 + 2HdL MACs per token, nearly flat in depth. Used whenever it is cheaper (L >= 2 for
+      any d > 2H); one state (L = 1) goes through fairseq's fused path.
 
     Set ``keep_weights = True`` to keep the last call's attention weights in ``last_weights``
-    (B x H x T x L, L = number of lower layers attended); off by default, so no cost otherwise.
+    (B x H x T x L, L = number of lower states attended); off by default, so no cost otherwise.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                 q_noise: float = 0.0, qn_block_size: int = 8):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0):
         super().__init__()
-        self.attn = MultiheadAttention(
-            embed_dim, num_heads, dropout=dropout, self_attention=False,
-            encoder_decoder_attention=False, q_noise=q_noise, qn_block_size=qn_block_size,
-        )
+        self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout,
+                                       self_attention=False, encoder_decoder_attention=False)
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
         self.keep_weights = False
         self.last_weights: Optional[Tensor] = None
 
     @property
     def out_proj(self) -> nn.Linear:
         return self.attn.out_proj
+
+    def use_absorbed(self, depth: int) -> bool:
+        d, h = self.attn.embed_dim, self.num_heads
+        return 4 * d * d + 2 * h * d * depth < 2 * d * d + 2 * depth * d * d + 2 * depth * d
 
     def forward(self, query: Tensor, history: List[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
         """
@@ -88,19 +99,44 @@ class FuseAttention(nn.Module):
             T x B x C fused representation, and the weights (B x H x T x L) if kept.
         """
         tgt_len, bsz, dim = query.shape
-        depth = len(history)
-        q = query.reshape(1, tgt_len * bsz, dim)
-        kv = torch.stack(history, dim=0).reshape(depth, tgt_len * bsz, dim)
-        # fairseq's fast path (torch's fused MHA) only returns head-averaged weights; when the
-        # per-head weights are wanted, static_kv=True (no incremental state here, so nothing is
-        # cached) routes the call through fairseq's own path, which returns them.
-        out, weights = self.attn(
-            query=q, key=kv, value=kv, need_weights=self.keep_weights,
-            need_head_weights=self.keep_weights, static_kv=self.keep_weights,
-        )
-        out = out.view(tgt_len, bsz, dim)
+        if self.use_absorbed(len(history)):
+            out, probs = self._absorbed(query.reshape(tgt_len * bsz, dim), history)
+        else:
+            out, probs = self._standard(query.reshape(tgt_len * bsz, dim), history)
+        weights = None
         if self.keep_weights:
-            # H x (T*B) x 1 x L -> B x H x T x L
-            weights = weights.view(-1, tgt_len, bsz, depth).permute(2, 0, 1, 3).detach()
+            # (T*B) x H x L -> B x H x T x L
+            weights = probs.view(tgt_len, bsz, self.num_heads, -1).permute(1, 2, 0, 3).detach()
             self.last_weights = weights
-        return out, weights
+        return out.view(tgt_len, bsz, dim), weights
+
+    def _standard(self, query: Tensor, history: List[Tensor]):
+        n, dim = query.shape
+        kv = torch.stack(history, dim=0).reshape(len(history), n, dim)
+        out, _ = self.attn(query=query.unsqueeze(0), key=kv, value=kv, need_weights=False)
+        probs = None
+        if self.keep_weights:
+            if len(history) != 1:  # never chosen by use_absorbed for L > 1 (d > 2H)
+                raise NotImplementedError("weights of the standard path need L == 1")
+            probs = query.new_ones(n, self.num_heads, 1)  # softmax over one state
+        return out.squeeze(0), probs
+
+    def _absorbed(self, query: Tensor, history: List[Tensor]):
+        a, n, dim = self.attn, query.size(0), query.size(1)
+        heads, head_dim = self.num_heads, self.head_dim
+        q = (a.q_proj(query) * a.scaling).view(n, heads, head_dim)
+        # (H x N x hd) @ (H x hd x C): each head's query mapped back to the state space
+        q_state = torch.bmm(q.transpose(0, 1), a.k_proj.weight.view(heads, head_dim, dim))
+        states = torch.stack(history, dim=-2).view(n, len(history), dim)  # N x L x C
+        scores = torch.bmm(q_state.transpose(0, 1), states.transpose(1, 2))  # N x H x L
+        # at least fp32 for the softmax (fp16 safety), as fairseq's attention does
+        probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        probs = probs.type_as(scores)
+        probs = a.dropout_module(probs)
+        mixed = torch.bmm(probs, states)  # N x H x C
+        # (H x N x C) @ (H x C x hd): per-head value projection of the mixed states
+        values = torch.bmm(mixed.transpose(0, 1),
+                           a.v_proj.weight.view(heads, head_dim, dim).transpose(1, 2))
+        values = values.transpose(0, 1) + probs.sum(-1, keepdim=True) * a.v_proj.bias.view(
+            heads, head_dim)
+        return a.out_proj(values.reshape(n, dim)), probs

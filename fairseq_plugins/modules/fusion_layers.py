@@ -33,10 +33,7 @@ class _FusionSublayers:
         self.history = history  # plain attribute: shared with the stack, not a sub-module
         self.layer_idx = layer_idx
         if layer_idx in history.fused_layers:
-            self.fuse_attn = FuseAttention(
-                embed_dim, heads, dropout=cfg.attention_dropout,
-                q_noise=cfg.quant_noise.pq, qn_block_size=cfg.quant_noise.pq_block_size,
-            )
+            self.fuse_attn = FuseAttention(embed_dim, heads, dropout=cfg.attention_dropout)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
             self.fuse_attn = None

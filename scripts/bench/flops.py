@@ -17,15 +17,20 @@ def transformer_macs(d, ffn, enc_layers, dec_layers, src_len, tgt_len, vocab):
             + tgt_len * d * vocab)
 
 
-def fusion_extra_macs(d, layers_fused, seq_len, include_embedding=True):
+def fusion_extra_macs(d, heads, layers_fused, seq_len, include_embedding=True,
+                      algorithm="implemented"):
     """Forward MACs that fuse-attention adds to one stack, for ``seq_len`` tokens.
 
-    Layer i (0-based) attends over i+1 states (i without the embedding output): Q and O
-    projections of the token (2 d^2), K and V projections of every state (2 (i+1) d^2), scores
-    and weighted sum (2 (i+1) d).
+    Layer i (0-based) attends over L = i+1 states (i without the embedding output).
+    ``naive``: multi-head attention over the L states as SPEC describes it: Q and O projections
+    (2 d^2), K and V projections of every state (2 L d^2), scores and weighted sum (2 L d).
+    ``implemented``: what FuseAttention runs, the cheaper of that and the absorbed form
+    (W_k folded into the query, W_v applied after mixing): 4 d^2 + 2 H d L.
     """
     total = 0
     for i in layers_fused:
         depth = i + 1 if include_embedding else i
-        total += 2 * d * d + 2 * depth * d * d + 2 * depth * d
+        naive = 2 * d * d + 2 * depth * d * d + 2 * depth * d
+        absorbed = 4 * d * d + 2 * heads * d * depth
+        total += naive if algorithm == "naive" else min(naive, absorbed)
     return seq_len * total
