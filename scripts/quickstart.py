@@ -9,6 +9,7 @@ preset of this package's encoder-decoder models, plus fairseq's ``transformer_ti
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO, "fairseq_plugins")
 sys.path.insert(0, REPO)
+MAX_OUTPUT_LEN = 64
 
 
 def seq2seq_tiny_archs():
@@ -50,7 +52,9 @@ def train_and_evaluate(arch, data, out_dir, args):
     from fairseq_plugins.metrics.generate_log import read_generate_log
 
     run_dir = os.path.join(out_dir, arch)
-    os.makedirs(run_dir, exist_ok=True)
+    # start from scratch: fairseq-train would otherwise resume from an earlier checkpoint_last.pt
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
     ckpt = os.path.join(run_dir, "checkpoint_last.pt")
     start = time.time()
     _run([_cli("fairseq-train"), data, "--user-dir", PLUGIN_DIR, "--arch", arch,
@@ -62,10 +66,12 @@ def train_and_evaluate(arch, data, out_dir, args):
           "--log-format", "json", "--log-interval", "100"],
          os.path.join(run_dir, "train.log"))
     train_s = time.time() - start
-    gen_log = os.path.join(run_dir, "generate-test.txt")
+    gen_log = os.path.join(run_dir, f"generate-{args.gen_subset}.txt")
     start = time.time()
     _run([_cli("fairseq-generate"), data, "--user-dir", PLUGIN_DIR, "--path", ckpt,
-          "--gen-subset", "test", "--beam", "5", "--batch-size", "256",
+          "--gen-subset", args.gen_subset, "--beam", "5", "--batch-size", "256",
+          # SCAN actions are at most 48 tokens; the cap only matters for untrained models
+          "--max-len-a", "0", "--max-len-b", str(MAX_OUTPUT_LEN),
           "--required-batch-size-multiple", "1", "--num-workers", "0"], gen_log)
     gen_s = time.time() - start
     log = read_generate_log(gen_log)
@@ -86,7 +92,7 @@ def _count_params(ckpt):
 
 
 def markdown(rows, args):
-    lines = [f"SCAN `{args.split}` test, {args.max_update} updates x {args.max_tokens} tokens, "
+    lines = [f"SCAN `{args.split}` {args.gen_subset}, {args.max_update} updates x {args.max_tokens} tokens, "
              f"lr {args.lr}, seed {args.seed}, beam 5 (CPU)", "",
              "| arch | exact match % | correct / total | params | train s | generate s |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -103,6 +109,7 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--gen-subset", default="test", help="subset scored for exact match")
     p.add_argument("--archs", default=None, help="comma-separated subset (default: all)")
     p.add_argument("--out-dir", default=os.path.join("outputs", "quickstart"))
     args = p.parse_args(argv)
@@ -125,7 +132,7 @@ def main(argv=None):
     json_path = os.path.join(args.out_dir, "results.json")
     md_path = os.path.join(args.out_dir, "results.md")
     with open(json_path, "w") as f:
-        json.dump({"split": args.split, "max_update": args.max_update,
+        json.dump({"split": args.split, "gen_subset": args.gen_subset, "max_update": args.max_update,
                    "max_tokens": args.max_tokens, "lr": args.lr, "seed": args.seed,
                    "results": rows}, f, indent=2)
     with open(md_path, "w") as f:

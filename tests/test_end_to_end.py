@@ -1,6 +1,7 @@
 """Real CLIs end to end: prepare_scan (fairseq-preprocess) -> fairseq-train --user-dir ->
 fairseq-generate / fairseq-interactive / fairseq-validate with only --user-dir, under
 torch >= 2.6 with no environment variable forcing the old torch.load behaviour."""
+import json
 import os
 import subprocess
 import sys
@@ -92,18 +93,25 @@ def test_validate_with_only_user_dir(scan_bin, fusion_ckpt):
     assert "valid on 'valid' subset" in out and "loss" in out
 
 
-def test_quickstart_runs_and_writes_table(scan_bin, tmp_path):
-    out_dir = tmp_path / "qs"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
-         "--max-update", "5", "--archs", "transformer_tiny,fusion_transformer_tiny",
-         "--out-dir", str(out_dir)],
-        capture_output=True, text=True, env=_env(), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "| fusion_transformer_tiny |" in proc.stdout
-    import json
+def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
+    def run():
+        proc = subprocess.run(
+            [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
+             "--max-update", "3", "--archs", "transformer_tiny,fusion_transformer_tiny",
+             "--gen-subset", "valid", "--out-dir", "qs"],
+            capture_output=True, text=True, env=_env(), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        log = (tmp_path / "qs" / "fusion_transformer_tiny" / "train.log").read_text()
+        stops = [line.split(" | ")[-1] for line in log.splitlines() if "Stopping training" in line]
+        return proc.stdout, stops
 
-    results = json.loads((out_dir / "results.json").read_text())["results"]
+    stdout, stops = run()
+    assert "| fusion_transformer_tiny |" in stdout
+    results = json.loads((tmp_path / "qs" / "results.json").read_text())["results"]
     assert [r["arch"] for r in results] == ["transformer_tiny", "fusion_transformer_tiny"]
-    assert all(r["total"] == 3920 for r in results)
+    assert all(r["total"] == 1000 for r in results)
     assert results[1]["params"] > results[0]["params"]
+    # a resumed run would load checkpoint_last.pt and stop at "num_updates: 4 >= max_update: 3"
+    expected = ["Stopping training due to num_updates: 3 >= max_update: 3"]
+    assert stops == expected
+    assert run()[1] == expected
