@@ -66,6 +66,7 @@ def train_and_evaluate(arch, data, out_dir, args):
           "--log-format", "json", "--log-interval", "100"],
          os.path.join(run_dir, "train.log"))
     train_s = time.time() - start
+    train_loss = _last_train_loss(os.path.join(run_dir, "train.log"))
     gen_log = os.path.join(run_dir, f"generate-{args.gen_subset}.txt")
     start = time.time()
     _run([_cli("fairseq-generate"), data, "--user-dir", PLUGIN_DIR, "--path", ckpt,
@@ -78,8 +79,19 @@ def train_and_evaluate(arch, data, out_dir, args):
     score = exact_match(log["hypotheses"], log["references"])
     return {"arch": arch, "exact_match": round(score["exact_match"], 2),
             "correct": score["correct"], "total": score["total"],
-            "params": _count_params(ckpt), "train_seconds": round(train_s, 1),
+            "params": _count_params(ckpt), "train_loss_bits": train_loss,
+            "train_seconds": round(train_s, 1),
             "generate_seconds": round(gen_s, 1), "checkpoint": ckpt}
+
+
+def _last_train_loss(log_path):
+    """Loss (base 2, per target token) of the last --log-format json train_inner record."""
+    loss = None
+    with open(log_path) as f:
+        for line in f:
+            if "| train_inner |" in line:
+                loss = float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
+    return loss
 
 
 def _count_params(ckpt):
@@ -94,11 +106,13 @@ def _count_params(ckpt):
 def markdown(rows, args):
     lines = [f"SCAN `{args.split}` {args.gen_subset}, {args.max_update} updates x {args.max_tokens} tokens, "
              f"lr {args.lr}, seed {args.seed}, beam 5 (CPU)", "",
-             "| arch | exact match % | correct / total | params | train s | generate s |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| arch | exact match % | correct / total | final train loss (bits/token) | params "
+             "| train s | generate s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['arch']} | {r['exact_match']:.2f} | {r['correct']} / {r['total']} | "
-                     f"{r['params']:,} | {r['train_seconds']} | {r['generate_seconds']} |")
+                     f"{r['train_loss_bits']} | {r['params']:,} | {r['train_seconds']} | "
+                     f"{r['generate_seconds']} |")
     return "\n".join(lines)
 
 

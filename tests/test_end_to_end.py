@@ -111,6 +111,7 @@ def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
     assert [r["arch"] for r in results] == ["transformer_tiny", "fusion_transformer_tiny"]
     assert all(r["total"] == 1000 for r in results)
     assert results[1]["params"] > results[0]["params"]
+    assert all(r["train_loss_bits"] > 0 for r in results)
     # a resumed run would load checkpoint_last.pt and stop at "num_updates: 4 >= max_update: 3"
     expected = ["Stopping training due to num_updates: 3 >= max_update: 3"]
     assert stops == expected
