@@ -7,49 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli_env, run_cli, train
+from helpers import PLUGIN_DIR, SCRIPTS
 
-from helpers import PLUGIN_DIR, REPO, SCRIPTS
-
-sys.path.insert(0, REPO)
-from fairseq_plugins.metrics.generate_log import read_generate_log  # noqa: E402
-
-BIN = os.path.dirname(sys.executable)
-
-
-def _env():
-    env = dict(os.environ)
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    env["PYTHONWARNINGS"] = "ignore"
-    return env
-
-
-def run_cli(name, *args, stdin=None, cwd=None):
-    proc = subprocess.run([os.path.join(BIN, name), *map(str, args)], input=stdin, text=True,
-                          capture_output=True, env=_env(), cwd=cwd)
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout + proc.stderr
-
-
-@pytest.fixture(scope="module")
-def scan_bin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scan")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), "--split", "length",
-         "--out-dir", str(root / "text"), "--dest-dir", str(root / "bin"), "--valid-size", "200"],
-        capture_output=True, text=True, env=_env())
-    assert proc.returncode == 0, proc.stderr
-    return root
-
-
-def train(scan_bin, arch, *extra, updates=20):
-    save_dir = scan_bin / f"ckpt-{arch}"
-    run_cli("fairseq-train", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--arch", arch,
-            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1024",
-            "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
-            "--num-workers", "0", "--seed", "1", *extra)
-    ckpt = save_dir / "checkpoint_last.pt"
-    assert ckpt.exists()
-    return ckpt
+from fairseq_plugins.metrics.generate_log import read_generate_log
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +60,7 @@ def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
             [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
              "--max-update", "3", "--archs", "transformer_tiny,fusion_transformer_tiny",
              "--gen-subset", "valid", "--out-dir", "qs"],
-            capture_output=True, text=True, env=_env(), cwd=tmp_path)
+            capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         log = (tmp_path / "qs" / "fusion_transformer_tiny" / "train.log").read_text()
         stops = [line.split(" | ")[-1] for line in log.splitlines() if "Stopping training" in line]

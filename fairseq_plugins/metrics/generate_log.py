@@ -59,3 +59,26 @@ def read_generate_log(path: str, expected: Optional[int] = None) -> Dict[str, Li
 def read_lines(path: str) -> List[str]:
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
+
+
+def is_generate_log(path: str) -> bool:
+    """True when the file has fairseq-generate hypothesis lines (``H-<id>\\t``/``D-<id>\\t``)."""
+    import re
+
+    pattern = re.compile(r"^[HD]-\d+\t")
+    with open(path, encoding="utf-8") as f:
+        return any(pattern.match(line) for line in f)
+
+
+def read_hypotheses(path: str, expected: int, what: str) -> List[str]:
+    """Hypotheses in original order from a fairseq-generate log or a plain file (one per line).
+
+    ``expected`` lines are required; ``what`` names the file they must align with in errors.
+    """
+    if is_generate_log(path):
+        return read_generate_log(path, expected=expected)["hypotheses"]
+    hyps = read_lines(path)
+    if len(hyps) != expected:
+        raise GenerateLogError(f"{path}: {len(hyps)} hypothesis lines, but {what} has {expected} "
+                               f"(first unmatched line: {min(len(hyps), expected) + 1})")
+    return hyps

@@ -1,0 +1,53 @@
+"""Shared fixtures: real CLIs run with the venv's executables and no torch.load override."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import PLUGIN_DIR, SCRIPTS  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+
+
+def cli_env():
+    env = dict(os.environ)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_cli(name, *args, stdin=None, cwd=None, check=True):
+    """Run a fairseq console script; return stdout + stderr (asserting success if ``check``)."""
+    proc = subprocess.run([os.path.join(BIN, name), *map(str, args)], input=stdin, text=True,
+                          capture_output=True, env=cli_env(), cwd=cwd)
+    if check:
+        assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr if check else proc
+
+
+@pytest.fixture(scope="session")
+def scan_bin(tmp_path_factory):
+    """SCAN length split prepared by the real script (fairseq-preprocess), valid = 200 examples."""
+    root = tmp_path_factory.mktemp("scan")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), "--split", "length",
+         "--out-dir", str(root / "text"), "--dest-dir", str(root / "bin"), "--valid-size", "200"],
+        capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def train(scan_bin, arch, *extra, updates=20, name=None):
+    """fairseq-train --user-dir on the SCAN fixture; returns checkpoint_last.pt (log: train.log
+    beside it)."""
+    save_dir = scan_bin / f"ckpt-{name or arch}"
+    out = run_cli("fairseq-train", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--arch", arch,
+                  "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1024",
+                  "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
+                  "--num-workers", "0", "--seed", "1", *extra)
+    (save_dir / "train.log").write_text(out)
+    ckpt = save_dir / "checkpoint_last.pt"
+    assert ckpt.exists()
+    return ckpt
