@@ -8,6 +8,7 @@ preset of this package's encoder-decoder models, plus fairseq's ``transformer_ti
 """
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO, "fairseq_plugins")
 sys.path.insert(0, REPO)
 MAX_OUTPUT_LEN = 64
+# fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
+# configuring logging first keeps the quickstart's own progress lines readable
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 def seq2seq_tiny_archs():
@@ -85,13 +89,16 @@ def train_and_evaluate(arch, data, out_dir, args):
 
 
 def _last_train_loss(log_path):
-    """Loss (base 2, per target token) of the last --log-format json train_inner record."""
-    loss = None
+    """Loss (base 2, per target token) of the last --log-format json train_inner record, or of
+    the end-of-training record when the run was shorter than one log interval."""
+    inner = final = None
     with open(log_path) as f:
         for line in f:
-            if "| train_inner |" in line:
-                loss = float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
-    return loss
+            if "| train_inner | " in line:
+                inner = float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
+            elif "| train | " in line:
+                final = float(json.loads(line.split("| train | ", 1)[1])["train_loss"])
+    return inner if inner is not None else final
 
 
 def _count_params(ckpt):
