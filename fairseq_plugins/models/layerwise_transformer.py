@@ -4,16 +4,21 @@ One seq2seq model; each feature is an independent switch, and named architecture
 
 - layer-wise fusion (LRF, SPEC section 1): ``--encoder-fusion`` / ``--decoder-fusion`` add a
   fuse-attention sub-layer (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the
-  ``--fusion-layers``) of that stack.
+  ``--fusion-layers``) of that stack;
+- encoder-decoder FC bridge (SPEC section 2): ``--bridge fc`` gives every decoder layer its own
+  cross-attention memory, a bias-free projection of all encoder layers
+  (:mod:`fairseq_plugins.modules.layer_bridge`), computed once per source sentence.
 
 With every switch off the model *is* fairseq's ``transformer`` (same modules, same parameter
 names), so checkpoints and results compare directly. Options are checked in :meth:`build_model`,
 so a bad combination fails before training starts.
 """
 import argparse
+import contextlib
 import logging
 from typing import Dict, List, Optional
 
+import torch
 from torch import Tensor
 
 from fairseq.models.transformer import (
@@ -26,20 +31,23 @@ from fairseq.models.transformer import (
 )
 
 from ..modules.fuse_attention import LayerHistory
-from ..modules.fusion_layers import FusionDecoderLayer, FusionEncoderLayer
+from ..modules.layer_bridge import BRIDGE_INITS, LayerBridge
+from ..modules.layerwise_layers import LayerwiseDecoderLayer, LayerwiseEncoderLayer
 from ..registry import register_model, register_model_architecture
 
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "layerwise_transformer"
 
-# fairseq layer options that the fusion layers' explicit sub-layer order does not implement.
-# quant_noise_pq: the fuse-attention reads its K/V weights directly (see FuseAttention), which
-# would bypass quant-noise's forward hooks.
-_UNSUPPORTED_WITH_FUSION = (
+# fairseq layer options that the explicit sub-layer order of LayerwiseEncoder/DecoderLayer (used
+# with fusion or the bridge) does not implement, and would otherwise silently ignore.
+_UNSUPPORTED_WITH_LAYERWISE = (
     "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
-    "checkpoint_activations", "quant_noise_pq",
+    "checkpoint_activations",
 )
+# the fuse-attention reads its K/V weights directly (see FuseAttention), which would bypass
+# quant-noise's forward hooks
+_UNSUPPORTED_WITH_FUSION = ("quant_noise_pq",)
 
 
 def add_fusion_args(parser):
@@ -58,6 +66,18 @@ def add_fusion_args(parser):
     parser.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
                        help="include the embedding output h_0 among the fused states "
                             "(default: on, as in the paper)")
+
+
+def add_bridge_args(parser):
+    parser.add_argument("--bridge", choices=["none", "fc"],
+                        help="fc: every decoder layer cross-attends to its own bias-free "
+                             "projection of all encoder layers' outputs (default: none)")
+    parser.add_argument("--bridge-init", choices=BRIDGE_INITS,
+                        help="initialisation of the bridge: original = read the last encoder "
+                             "layer (the model without a bridge), gca = decoder layer j reads "
+                             "encoder layer N+1-j, uniform = average, random (default: original)")
+    parser.add_argument("--bridge-include-embedding", action=argparse.BooleanOptionalAction,
+                        help="also project the embedding output h_0 (default: off, as the paper)")
 
 
 def _parse_layers(spec: Optional[str], flag: str) -> Optional[List[int]]:
@@ -103,17 +123,37 @@ def fusion_heads(args, side: str) -> int:
 def validate_args(args):
     """Build-time checks; raise ValueError naming the flag and the allowed values."""
     fused_sides = [s for s in ("encoder", "decoder") if getattr(args, f"{s}_fusion")]
-    if fused_sides:
-        for name in _UNSUPPORTED_WITH_FUSION:
-            if getattr(args, name, False):
-                raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
-                                 "--encoder-fusion/--decoder-fusion")
-    elif args.fusion_layers or args.fusion_heads:
+    unsupported = (_UNSUPPORTED_WITH_LAYERWISE if fused_sides or args.bridge == "fc" else ())
+    unsupported += _UNSUPPORTED_WITH_FUSION if fused_sides else ()
+    for name in unsupported:
+        if getattr(args, name, False):
+            raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
+                             "--encoder-fusion/--decoder-fusion/--bridge fc")
+    if not fused_sides and (args.fusion_layers or args.fusion_heads):
         raise ValueError("--fusion-layers/--fusion-heads were given but neither "
                          "--encoder-fusion nor --decoder-fusion is on")
     for side in fused_sides:
         fused_layer_indices(args, side)
         fusion_heads(args, side)
+    validate_bridge_args(args)
+
+
+def validate_bridge_args(args):
+    if args.bridge != "fc":
+        if args.bridge_init is not None or args.bridge_include_embedding:
+            raise ValueError("--bridge-init/--bridge-include-embedding were given but --bridge is "
+                             f"{args.bridge!r}; add --bridge fc")
+        return
+    if getattr(args, "no_cross_attention", False):
+        raise ValueError("--bridge fc feeds the cross-attention: not with --no-cross-attention")
+    for name in ("encoder_layerdrop", "encoder_layers_to_keep"):
+        if getattr(args, name, None):
+            raise ValueError(f"--{name.replace('_', '-')} is not supported with --bridge fc: the "
+                             "bridge reads every encoder layer")
+    if (args.bridge_init or "original") == "gca" and args.encoder_layers != args.decoder_layers:
+        raise ValueError(f"--bridge-init gca pairs decoder layer j with encoder layer N+1-j and "
+                         f"needs --encoder-layers == --decoder-layers (got "
+                         f"{args.encoder_layers} and {args.decoder_layers})")
 
 
 @register_model(MODEL_NAME)
@@ -124,11 +164,14 @@ class LayerwiseTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         add_fusion_args(parser)
+        add_bridge_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         layerwise_base_architecture(args)
         validate_args(args)
+        if args.bridge == "fc" and args.bridge_init is None:
+            args.bridge_init = "original"
         return super().build_model(args, task)
 
     @classmethod
@@ -170,7 +213,14 @@ def _make_history(cfg, side: str) -> Optional[LayerHistory]:
 
 
 class LayerwiseTransformerEncoder(TransformerEncoderBase):
-    """fairseq's encoder; with fusion, its layers see all lower layers' outputs (T x B x C)."""
+    """fairseq's encoder; with fusion, its layers see all lower layers' outputs; with the bridge,
+    its output also holds every decoder layer's cross-attention memory.
+
+    ``encoder_out["bridge_memories"]`` = [N_dec x S x B0 x C], computed once per source batch, and
+    ``encoder_out["bridge_index"]`` = [B]: the row of B0 each current row (hypothesis) reads.
+    :meth:`reorder_encoder_out` (called at every beam-search step) only reorders that index, so
+    the memories are never copied; the decoder gathers them when it needs them (first step).
+    """
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         # Set before super().__init__(), which builds the layers (fairseq's legacy encoder
@@ -178,50 +228,99 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
         self.fusion_history = _make_history(cfg, "encoder")
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.bridge = None
+        if getattr(cfg, "bridge", "none") == "fc":
+            with_embedding = bool(cfg.bridge_include_embedding)
+            self.bridge = LayerBridge(cfg.encoder.embed_dim, cfg.encoder.layers + with_embedding,
+                                      cfg.decoder.layers, cfg.bridge_init or "original",
+                                      first_layer_index=0 if with_embedding else 1)
 
     def build_encoder_layer(self, cfg):
         if self.fusion_history is None:
             return super().build_encoder_layer(cfg)
         idx, self._layers_built = self._layers_built, self._layers_built + 1
-        return FusionEncoderLayer(cfg, self.fusion_history, idx, fusion_heads(cfg, "encoder"))
+        return LayerwiseEncoderLayer(cfg, self.fusion_history, idx, fusion_heads(cfg, "encoder"))
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
                            return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None):
-        if self.fusion_history is None:
-            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
-                                              token_embeddings)
-        with self.fusion_history.recording():
-            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
-                                              token_embeddings)
+        recording = (self.fusion_history.recording() if self.fusion_history is not None
+                     else contextlib.nullcontext())
+        with recording:
+            out = super().forward_scriptable(src_tokens, src_lengths,
+                                             return_all_hiddens or self.bridge is not None,
+                                             token_embeddings)
+        if self.bridge is not None:
+            states = out["encoder_states"]  # [h_0, h_1, ..., h_N]
+            # the last block is the output as the decoder sees it (after a final LayerNorm, if
+            # any), so that the "original" init is exactly the model without a bridge
+            blocks = states[1:-1] + [out["encoder_out"][0]]
+            if self.bridge.first_layer_index == 0:
+                blocks = [states[0]] + blocks
+            out["bridge_memories"] = [self.bridge(blocks)]
+            out["bridge_index"] = [torch.arange(src_tokens.size(0), device=src_tokens.device)]
+            if not return_all_hiddens:
+                out["encoder_states"] = []
+        return out
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        if encoder_out.get("bridge_memories"):
+            reordered["bridge_memories"] = encoder_out["bridge_memories"]
+            reordered["bridge_index"] = [encoder_out["bridge_index"][0].index_select(0, new_order)]
+        return reordered
 
 
 class LayerwiseTransformerDecoder(TransformerDecoderBase):
-    """fairseq's decoder; with fusion, its layers see all lower layers' outputs (T x B x C)."""
+    """fairseq's decoder; with fusion, its layers see all lower layers' outputs (T x B x C); with
+    the bridge, layer i cross-attends to the encoder's memory M_i."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False,
                  output_projection=None):
         self.fusion_history = _make_history(cfg, "decoder")
+        self.uses_bridge = getattr(cfg, "bridge", "none") == "fc"
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        if self.fusion_history is None:
+        if self.fusion_history is None and not self.uses_bridge:
             return super().build_decoder_layer(cfg, no_encoder_attn)
         idx, self._layers_built = self._layers_built, self._layers_built + 1
-        return FusionDecoderLayer(cfg, self.fusion_history, idx, fusion_heads(cfg, "decoder"),
-                                  no_encoder_attn=no_encoder_attn)
+        heads = fusion_heads(cfg, "decoder") if self.fusion_history is not None else None
+        return LayerwiseDecoderLayer(cfg, self.fusion_history, idx, heads,
+                                     no_encoder_attn=no_encoder_attn)
+
+    def _bridge_memories(self, encoder_out, incremental_state):
+        """Per-layer memories, or None when not needed (no bridge, or cross-attention cached)."""
+        if not self.uses_bridge or encoder_out is None:
+            return None
+        if incremental_state is not None:
+            cache = self.layers[0].encoder_attn._get_input_buffer(incremental_state)
+            if "prev_key" in cache:  # static keys/values cached at the first step
+                return None
+        memories = encoder_out["bridge_memories"][0]
+        index = encoder_out["bridge_index"][0]
+        return memories.index_select(2, index).unbind(0)
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None,
                                     full_context_alignment=False, alignment_layer=None,
                                     alignment_heads=None):
         args = (prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
                 alignment_layer, alignment_heads)
-        if self.fusion_history is None:
-            return super().extract_features_scriptable(*args)
-        with self.fusion_history.recording():
-            return super().extract_features_scriptable(*args)
+        memories = self._bridge_memories(encoder_out, incremental_state)
+        recording = (self.fusion_history.recording() if self.fusion_history is not None
+                     else contextlib.nullcontext())
+        try:
+            if memories is not None:
+                for layer, memory in zip(self.layers, memories):
+                    layer.cross_attention_memory = memory
+            with recording:
+                return super().extract_features_scriptable(*args)
+        finally:
+            if memories is not None:
+                for layer in self.layers:
+                    layer.cross_attention_memory = None
 
 
 # -- architectures -------------------------------------------------------------------------
@@ -234,6 +333,9 @@ def layerwise_base_architecture(args):
     args.fusion_heads = getattr(args, "fusion_heads", None)
     args.fusion_layers = getattr(args, "fusion_layers", None)
     args.fusion_include_embedding = getattr(args, "fusion_include_embedding", True)
+    args.bridge = getattr(args, "bridge", "none")
+    args.bridge_init = getattr(args, "bridge_init", None)
+    args.bridge_include_embedding = getattr(args, "bridge_include_embedding", False)
     base_architecture(args)
 
 
@@ -244,25 +346,29 @@ def _iwslt_de_en_shared(args):
 
 
 _SIZES = {"": base_architecture, "_iwslt_de_en": _iwslt_de_en_shared, "_tiny": tiny_architecture}
-_FUSION_SIDES = {"fusion": (True, True), "fusion_enc": (True, False), "fusion_dec": (False, True)}
 
 
-def _register_fusion_preset(prefix, size):
-    encoder_fusion, decoder_fusion = _FUSION_SIDES[prefix]
-    size_fn = _SIZES[size]
+def register_preset(name, size_fn, **defaults):
+    """Register ``--arch name``: ``defaults`` (flag -> value, user flags win) on ``size_fn``."""
 
     def preset(args):
-        args.encoder_fusion = getattr(args, "encoder_fusion", encoder_fusion)
-        args.decoder_fusion = getattr(args, "decoder_fusion", decoder_fusion)
+        for key, value in defaults.items():
+            setattr(args, key, getattr(args, key, value))
         size_fn(args)
         layerwise_base_architecture(args)
 
-    preset.__qualname__ = preset.__name__ = f"{prefix}_transformer{size}"
-    register_model_architecture(MODEL_NAME, preset.__name__)(preset)
+    preset.__qualname__ = preset.__name__ = name
+    register_model_architecture(MODEL_NAME, name)(preset)
 
 
 # fusion_transformer{,_iwslt_de_en,_tiny}: both stacks fuse; fusion_enc_* / fusion_dec_*: the
 # paper's ablation (encoder-only / decoder-only fusion).
-for _prefix in _FUSION_SIDES:
-    for _size in _SIZES:
-        _register_fusion_preset(_prefix, _size)
+_FUSION_SIDES = {"fusion": (True, True), "fusion_enc": (True, False), "fusion_dec": (False, True)}
+for _prefix, (_enc, _dec) in _FUSION_SIDES.items():
+    for _size, _size_fn in _SIZES.items():
+        register_preset(f"{_prefix}_transformer{_size}", _size_fn, encoder_fusion=_enc,
+                        decoder_fusion=_dec)
+
+# bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise)
+for _size in ("", "_tiny"):
+    register_preset(f"bridge_transformer{_size}", _SIZES[_size], bridge="fc")

@@ -1,7 +1,8 @@
-"""Transformer layers with a fuse-attention sub-layer before the FFN (LRF).
+"""Transformer layers with an explicit sub-layer order, for the layer-relationship features.
 
 Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
--> FFN. Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``)
+-> FFN. The fuse-attention (LRF) is present only in the layers that fuse; the decoder layer's
+cross-attention reads a memory of its own when the model has an encoder-decoder bridge. Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``)
 or after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
 keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
 ``fuse_attn_layer_norm``.
@@ -29,10 +30,11 @@ from .fuse_attention import FuseAttention, LayerHistory
 class _FusionSublayers:
     """Fuse-attention and FFN sub-layers shared by the encoder and decoder layers."""
 
-    def _init_fusion(self, cfg, embed_dim, history: LayerHistory, layer_idx: int, heads: int):
+    def _init_fusion(self, cfg, embed_dim, history: Optional[LayerHistory], layer_idx: int,
+                     heads: Optional[int]):
         self.history = history  # plain attribute: shared with the stack, not a sub-module
         self.layer_idx = layer_idx
-        if layer_idx in history.fused_layers:
+        if history is not None and layer_idx in history.fused_layers:
             self.fuse_attn = FuseAttention(embed_dim, heads, dropout=cfg.attention_dropout)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
@@ -40,7 +42,7 @@ class _FusionSublayers:
             self.fuse_attn_layer_norm = None
 
     def _record_input(self, x: Tensor):
-        if self.history.records_input_of(self.layer_idx):
+        if self.history is not None and self.history.records_input_of(self.layer_idx):
             self.history.append(x)
 
     def _fusion_block(self, x: Tensor) -> Tensor:
@@ -70,7 +72,7 @@ class _FusionSublayers:
         return x
 
 
-class FusionEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
+class LayerwiseEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
     """Encoder layer: self-attn -> fuse-attn -> FFN. Input/output T x B x C."""
 
     def __init__(self, cfg, history: LayerHistory, layer_idx: int, fusion_heads: int):
@@ -96,17 +98,22 @@ class FusionEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
         return self._ffn_block(x)
 
 
-class FusionDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
+class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
     """Decoder layer: self-attn -> cross-attn -> fuse-attn -> FFN. Input/output T x B x C.
 
     Incremental decoding uses fairseq's caches for self- and cross-attention; the fuse-attention
     needs none (it attends over the current step's lower-layer outputs only).
+
+    ``cross_attention_memory`` (S x B x C), when the decoder sets it for the duration of a call,
+    replaces the shared encoder output as this layer's cross-attention keys/values (the bridge's
+    M_i). It is read only while the cross-attention cache is empty (the first step).
     """
 
-    def __init__(self, cfg, history: LayerHistory, layer_idx: int, fusion_heads: int,
-                 no_encoder_attn: bool = False):
+    def __init__(self, cfg, history: Optional[LayerHistory], layer_idx: int,
+                 fusion_heads: Optional[int], no_encoder_attn: bool = False):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
+        self.cross_attention_memory: Optional[Tensor] = None
 
     def forward(
         self,
@@ -139,6 +146,8 @@ class FusionDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
             x = self.self_attn_layer_norm(x)
 
         attn = None
+        if self.cross_attention_memory is not None:
+            encoder_out = self.cross_attention_memory
         if self.encoder_attn is not None and encoder_out is not None:
             residual = x
             if self.normalize_before:

@@ -1,0 +1,152 @@
+import pytest
+import torch
+from conftest import run_cli, train
+from helpers import (PLUGIN_DIR, beam_search, build_translation_model, incremental_decode,
+                     random_batch)
+
+from fairseq_plugins.modules.layer_bridge import LayerBridge
+
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+
+
+def _randomise(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "bridge" not in name:
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.3 + ("layer_norm" in name and
+                                                                  "weight" in name))
+
+
+@pytest.mark.parametrize("extra", [[], PRE_NORM])
+def test_original_init_equals_transformer(extra):
+    base, task, _ = build_translation_model("transformer_tiny", extra, seed=1)
+    _randomise(base)
+    bridged, _, _ = build_translation_model("bridge_transformer_tiny", extra,
+                                            task.source_dictionary, task.target_dictionary)
+    # a fairseq checkpoint without a bridge loads strictly; the bridge gets its original init
+    bridged.load_state_dict(base.state_dict(), strict=True)
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    base.eval(), bridged.eval()
+    expected = base(src, lengths, prev)[0]
+    assert torch.equal(bridged(src, lengths, prev)[0], expected)
+    with torch.no_grad():  # and the bridge is really in the path
+        bridged.encoder.bridge.weight.add_(0.01)
+    assert (bridged(src, lengths, prev)[0] - expected).abs().max() > 1e-4
+
+
+def test_gca_init_is_anti_diagonal():
+    model, _, _ = build_translation_model("bridge_transformer_tiny",
+                                          ["--encoder-layers", "6", "--decoder-layers", "6",
+                                           "--bridge-init", "gca"])
+    w = model.encoder.bridge.weight.detach()
+    d = 64
+    assert w.shape == (6, d, 6 * d)
+    eye = torch.eye(d)
+    for i in range(6):  # decoder layer j = i+1 reads encoder layer 7 - j = block 5 - i
+        for k in range(6):
+            block = w[i, :, k * d:(k + 1) * d]
+            assert torch.equal(block, eye if k == 5 - i else torch.zeros(d, d))
+    norms = model.encoder.bridge.block_norms()
+    assert torch.equal(norms > 0, torch.eye(6).flip(1).bool())
+
+
+def test_gca_with_embedding_block_pairs_layers_not_blocks():
+    bridge = LayerBridge(4, num_states=4, num_decoder_layers=3, init="gca", first_layer_index=0)
+    # blocks [h_0, h_1, h_2, h_3]: decoder layer 1 reads h_3, layer 3 reads h_1 (never h_0)
+    assert [bridge.source_block(i) for i in range(3)] == [3, 2, 1]
+
+
+def test_original_uniform_random_inits():
+    d, n = 8, 3
+    original = LayerBridge(d, n, 2, "original").weight.detach()
+    assert torch.equal(original[:, :, 2 * d:], torch.eye(d).expand(2, d, d))
+    assert original[:, :, :2 * d].abs().sum() == 0
+    uniform = LayerBridge(d, n, 2, "uniform").weight.detach()
+    assert torch.allclose(uniform[0].view(d, n, d).sum(1), torch.eye(d))
+    torch.manual_seed(0)
+    random = LayerBridge(d, n, 2, "random").weight.detach()
+    assert not torch.equal(random[0], random[1]) and random.abs().min() >= 0
+
+
+@pytest.mark.parametrize("extra", [
+    [], PRE_NORM, ["--bridge-init", "gca"], ["--bridge-init", "random", "--bridge-include-embedding"],
+    ["--encoder-fusion", "--decoder-fusion", "--bridge-init", "uniform"],
+])
+def test_incremental_equals_full_forward(extra):
+    model, task, _ = build_translation_model("bridge_transformer_tiny", extra)
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, tgt_len=8)
+    full, _ = model(src, lengths, prev)
+    assert (full - incremental_decode(model, src, lengths, prev)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("extra", [["--bridge-init", "random"],
+                                   ["--bridge-init", "gca", "--encoder-fusion", "--decoder-fusion"]])
+def test_beam_search_batch_equals_one_by_one(extra):
+    model, task, _ = build_translation_model("bridge_transformer_tiny", extra, seed=2)
+    model.eval()
+    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=3, seed=5)
+    with torch.no_grad():
+        batched = beam_search(model, task, src, lengths, beam=4)
+        for i in range(3):
+            n = int(lengths[i])
+            single = beam_search(model, task, src[i:i + 1, -n:], lengths[i:i + 1], beam=4)
+            for hb, hs in zip(batched[i], single[0]):
+                assert torch.equal(hb["tokens"], hs["tokens"])
+                assert abs(hb["score"].item() - hs["score"].item()) < 1e-4
+
+
+def test_bridge_runs_once_per_source_and_reorder_copies_no_memory():
+    model, task, _ = build_translation_model("bridge_transformer_tiny", ["--bridge-init", "random"])
+    model.eval()
+    calls = []
+    model.encoder.bridge.register_forward_hook(lambda *a: calls.append(1))
+    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=2)
+    with torch.no_grad():
+        beam_search(model, task, src, lengths, beam=3, max_len_b=10)
+    assert len(calls) == 1
+    enc = model.encoder(src, src_lengths=lengths)
+    reordered = model.encoder.reorder_encoder_out(enc, torch.tensor([1, 1, 0]))
+    assert reordered["bridge_memories"][0] is enc["bridge_memories"][0]
+    assert reordered["bridge_index"][0].tolist() == [1, 1, 0]
+    assert enc["encoder_states"] == []  # not carried through beam search unless asked for
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--bridge-init", "gca", "--decoder-layers", "3"], "needs --encoder-layers == --decoder-layers"),
+    (["--encoder-layerdrop", "0.1"], "--encoder-layerdrop is not supported with --bridge fc"),
+    (["--checkpoint-activations"], "--checkpoint-activations is not supported"),
+])
+def test_build_time_errors(extra, message):
+    with pytest.raises(ValueError, match=message.replace("-", r"\-")):
+        build_translation_model("bridge_transformer_tiny", extra)
+
+
+def test_bridge_flags_without_bridge_are_rejected():
+    with pytest.raises(ValueError, match="add --bridge fc"):
+        build_translation_model("layerwise_transformer", ["--bridge-init", "gca"])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--encoder-layers", "3"], "checkpoint has 2 encoder layers, the bridge reads 3"),
+    (["--encoder-embed-dim", "32", "--decoder-embed-dim", "32"], "width 64, the model's is 32"),
+])
+def test_finetune_from_checkpoint_that_does_not_fit(flags, message):
+    base, task, _ = build_translation_model("transformer_tiny")
+    bridged, _, _ = build_translation_model("bridge_transformer_tiny", flags,
+                                            task.source_dictionary, task.target_dictionary)
+    with pytest.raises(ValueError, match=message):
+        bridged.load_state_dict(base.state_dict(), strict=True)
+
+
+def test_finetune_from_model_end_to_end(scan_bin):
+    plain = train(scan_bin, "transformer_tiny", updates=10, name="plain-for-bridge")
+    ckpt = train(scan_bin, "bridge_transformer_tiny", "--finetune-from-model", plain,
+                 "--bridge-init", "gca", updates=15, name="bridge-ft")
+    log = (ckpt.parent / "train.log").read_text()
+    assert "encoder.bridge.weight is not in the checkpoint: initialised with --bridge-init gca" \
+        in log
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
+                  "--required-batch-size-multiple", "1", "--max-len-b", "60")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 200
