@@ -62,6 +62,22 @@ def _add_numpy_aliases():
             setattr(np, name, value)
 
 
+def _fix_swish_activation():
+    """``--activation-fn swish``: fairseq returns the class ``torch.nn.SiLU`` instead of a
+    function, so a layer would call ``SiLU(x)`` (a constructor) on its activations. Return
+    ``F.silu``, what swish means (opus-mt/Marian uses it); every other name is unchanged."""
+    import torch.nn.functional as F
+    from fairseq import utils
+
+    original = utils.get_activation_fn
+
+    def get_activation_fn(activation):
+        return F.silu if activation == "swish" else original(activation)
+
+    get_activation_fn.__wrapped__ = original
+    utils.get_activation_fn = get_activation_fn
+
+
 def apply():
     """Apply every fix (safe to call any number of times)."""
     global _APPLIED
@@ -70,4 +86,5 @@ def apply():
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals(_checkpoint_safe_globals())
     _add_numpy_aliases()
+    _fix_swish_activation()
     _APPLIED = True

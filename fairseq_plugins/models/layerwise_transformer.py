@@ -7,7 +7,10 @@ One seq2seq model; each feature is an independent switch, and named architecture
   ``--fusion-layers``) of that stack;
 - encoder-decoder FC bridge (SPEC section 2): ``--bridge fc`` gives every decoder layer its own
   cross-attention memory, a bias-free projection of all encoder layers
-  (:mod:`fairseq_plugins.modules.layer_bridge`), computed once per source sentence.
+  (:mod:`fairseq_plugins.modules.layer_bridge`), computed once per source sentence;
+- Marian (opus-mt) compatibility, so that converted Hugging Face checkpoints run unchanged:
+  ``--marian-positions``, ``--final-logits-bias``, ``--decoder-start-zero-embedding``
+  (:mod:`fairseq_plugins.modules.marian_embeddings`).
 
 With every switch off the model *is* fairseq's ``transformer`` (same modules, same parameter
 names), so checkpoints and results compare directly. Options are checked in :meth:`build_model`,
@@ -33,6 +36,7 @@ from fairseq.models.transformer import (
 from ..modules.fuse_attention import LayerHistory
 from ..modules.layer_bridge import BRIDGE_INITS, LayerBridge
 from ..modules.layerwise_layers import LayerwiseDecoderLayer, LayerwiseEncoderLayer
+from ..modules.marian_embeddings import MarianSinusoidalPositionalEmbedding, ZeroStartEmbedding
 from ..registry import register_model, register_model_architecture
 
 logger = logging.getLogger(__name__)
@@ -78,6 +82,18 @@ def add_bridge_args(parser):
                              "encoder layer N+1-j, uniform = average, random (default: original)")
     parser.add_argument("--bridge-include-embedding", action=argparse.BooleanOptionalAction,
                         help="also project the embedding output h_0 (default: off, as the paper)")
+
+
+def add_marian_args(parser):
+    parser.add_argument("--marian-positions", action=argparse.BooleanOptionalAction,
+                        help="sinusoidal positions as Hugging Face's Marian: from 0, frequency "
+                             "10000^(-2i/d), sines then cosines (default: fairseq's)")
+    parser.add_argument("--final-logits-bias", action=argparse.BooleanOptionalAction,
+                        help="a fixed (not trained) bias added to the output logits, loaded from "
+                             "the checkpoint: Marian's final_logits_bias (default: off)")
+    parser.add_argument("--decoder-start-zero-embedding", action=argparse.BooleanOptionalAction,
+                        help="the decoder's first input (fairseq's </s> start symbol) is the zero "
+                             "vector, as Marian's <pad> start (default: off)")
 
 
 def _parse_layers(spec: Optional[str], flag: str) -> Optional[List[int]]:
@@ -165,6 +181,7 @@ class LayerwiseTransformerModel(TransformerModel):
         super().add_args(parser)
         add_fusion_args(parser)
         add_bridge_args(parser)
+        add_marian_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -228,6 +245,9 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
         self.fusion_history = _make_history(cfg, "encoder")
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        if getattr(cfg, "marian_positions", False) and self.embed_positions is not None:
+            self.embed_positions = MarianSinusoidalPositionalEmbedding(
+                cfg.max_source_positions, cfg.encoder.embed_dim, self.padding_idx)
         self.bridge = None
         if getattr(cfg, "bridge", "none") == "fc":
             with_embedding = bool(cfg.bridge_include_embedding)
@@ -280,8 +300,24 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
         self.fusion_history = _make_history(cfg, "decoder")
         self.uses_bridge = getattr(cfg, "bridge", "none") == "fc"
         self._layers_built = 0
+        if getattr(cfg, "decoder_start_zero_embedding", False):
+            embed_tokens = ZeroStartEmbedding(embed_tokens, start_idx=dictionary.eos())
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+        if getattr(cfg, "marian_positions", False) and self.embed_positions is not None:
+            self.embed_positions = MarianSinusoidalPositionalEmbedding(
+                cfg.max_target_positions, cfg.decoder.embed_dim, self.padding_idx)
+        if getattr(cfg, "final_logits_bias", False):
+            # a buffer: saved and loaded with the model, never trained (as in Marian)
+            self.register_buffer("final_logits_bias", torch.zeros(len(dictionary)))
+        else:
+            self.final_logits_bias = None
+
+    def output_layer(self, features):
+        logits = super().output_layer(features)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        return logits
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         if self.fusion_history is None and not self.uses_bridge:
@@ -336,6 +372,9 @@ def layerwise_base_architecture(args):
     args.bridge = getattr(args, "bridge", "none")
     args.bridge_init = getattr(args, "bridge_init", None)
     args.bridge_include_embedding = getattr(args, "bridge_include_embedding", False)
+    args.marian_positions = getattr(args, "marian_positions", False)
+    args.final_logits_bias = getattr(args, "final_logits_bias", False)
+    args.decoder_start_zero_embedding = getattr(args, "decoder_start_zero_embedding", False)
     base_architecture(args)
 
 
@@ -372,3 +411,23 @@ for _prefix, (_enc, _dec) in _FUSION_SIDES.items():
 # bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise)
 for _size in ("", "_tiny"):
     register_preset(f"bridge_transformer{_size}", _SIZES[_size], bridge="fc")
+
+
+def _opus_mt_sizes(args):
+    """Helsinki-NLP opus-mt (Marian) transformer: 6+6 layers, d=512, 8 heads, FFN 2048, SiLU,
+    post-norm without final norms, scaled embeddings tied across encoder, decoder and output."""
+    for key, value in (("encoder_embed_dim", 512), ("encoder_ffn_embed_dim", 2048),
+                       ("encoder_layers", 6), ("encoder_attention_heads", 8),
+                       ("decoder_layers", 6), ("decoder_attention_heads", 8),
+                       ("activation_fn", "swish"), ("dropout", 0.1), ("attention_dropout", 0.0),
+                       ("activation_dropout", 0.0), ("share_all_embeddings", True),
+                       ("max_source_positions", 512), ("max_target_positions", 512)):
+        setattr(args, key, getattr(args, key, value))
+    base_architecture(args)
+
+
+_MARIAN = dict(marian_positions=True, final_logits_bias=True, decoder_start_zero_embedding=True)
+# opus_mt_de_en: loads checkpoints written by scripts/convert_opus_mt.py; bridge_opus_mt_de_en:
+# the same with the FC bridge (fine-tune it with --finetune-from-model converted.pt)
+register_preset("opus_mt_de_en", _opus_mt_sizes, **_MARIAN)
+register_preset("bridge_opus_mt_de_en", _opus_mt_sizes, bridge="fc", **_MARIAN)
