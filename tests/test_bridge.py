@@ -150,3 +150,39 @@ def test_finetune_from_model_end_to_end(scan_bin):
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "60")
     assert sum(line.startswith("H-") for line in out.splitlines()) == 200
+
+
+def _save_checkpoint(model, args, path):
+    torch.save({"args": args, "model": model.state_dict()}, path)
+
+
+def test_plot_bridge_heatmap(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from helpers import SCRIPTS
+
+    paths = []
+    for init in ("original", "gca"):
+        model, _, args = build_translation_model(
+            "bridge_transformer_tiny", ["--encoder-layers", "3", "--decoder-layers", "3",
+                                        "--bridge-init", init])
+        paths.append(tmp_path / f"{init}.pt")
+        _save_checkpoint(model, args, paths[-1])
+    out, norms = tmp_path / "bridge.png", tmp_path / "norms.json"
+    proc = subprocess.run([sys.executable, f"{SCRIPTS}/plot_bridge.py", *map(str, paths),
+                           "--titles", "original,gca", "--out", str(out), "--json", str(norms)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(norms.read_text())
+    d = 64 ** 0.5  # Frobenius norm of a 64 x 64 identity block
+    assert data["original"]["norms"] == [[0.0, 0.0, d]] * 3
+    assert data["gca"]["norms"] == [[0.0, 0.0, d], [0.0, d, 0.0], [d, 0.0, 0.0]]
+
+    plain, _, plain_args = build_translation_model("transformer_tiny")
+    _save_checkpoint(plain, plain_args, tmp_path / "plain.pt")
+    proc = subprocess.run([sys.executable, f"{SCRIPTS}/plot_bridge.py", str(tmp_path / "plain.pt"),
+                           "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "has no bridge" in proc.stderr

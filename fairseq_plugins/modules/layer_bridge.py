@@ -108,6 +108,10 @@ class LayerBridge(nn.Module):
 
     def block_norms(self) -> Tensor:
         """N_dec x N Frobenius norms of the d x d blocks (for heatmaps)."""
-        d, n = self.embed_dim, self.num_states
-        w = self.weight.detach().view(self.num_decoder_layers, d, n, d)
-        return w.pow(2).sum(dim=(1, 3)).sqrt()
+        return block_norms(self.weight.detach())
+
+
+def block_norms(weight: Tensor) -> Tensor:
+    """N_dec x N Frobenius norms of the d x d blocks of a bridge weight (N_dec x d x N*d)."""
+    n_dec, d, width = weight.shape
+    return weight.float().view(n_dec, d, width // d, d).pow(2).sum(dim=(1, 3)).sqrt()

@@ -34,3 +34,10 @@ def fusion_extra_macs(d, heads, layers_fused, seq_len, include_embedding=True,
         absorbed = 4 * d * d + 2 * heads * d * depth
         total += naive if algorithm == "naive" else min(naive, absorbed)
     return seq_len * total
+
+
+def bridge_extra_macs(d, enc_layers, dec_layers, src_len, include_embedding=False):
+    """Forward MACs of the FC bridge: one Linear(N*d -> d) per decoder layer, per source token,
+    computed once per sentence (beam search reuses it). The decoder's cross-attention K/V
+    projections are unchanged (each layer projects its own memory instead of the shared one)."""
+    return src_len * dec_layers * (enc_layers + include_embedding) * d * d

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Speed and memory of this package's seq2seq features against fairseq's transformer, in one
+run (JSON).
+
+    python scripts/bench/seq2seq.py [--quick] [--variants fusion,bridge] [--device cuda --fp16]
+        [--out results/bench_seq2seq_cpu.json]
+
+Measures, for fairseq ``transformer`` and ``layerwise_transformer`` variants at the same sizes
+(default 3+3 layers, d=256, FFN 1024, 4 heads, 4096 target tokens per batch): encoder+decoder,
+encoder-only and decoder-only fusion, and the FC bridge. Training target tokens/s (median of timed
+windows of forward + backward + Adam step) and beam-5 generation sentences/s are measured with
+the variant and the baseline in one process, in alternating windows, so that machine drift
+cannot pass for a difference; peak memory growth during training in a process per model. Prints the ratios to the transformer next to the MAC-model ratio
+(``flops.py``): for fusion, ``mac_model_ratio`` counts fuse-attention as SPEC describes it (MHA
+over the lower states, the issue's FLOP model) and ``mac_ratio_implemented`` the cheaper algebra
+FuseAttention runs; for the bridge both are N_dec x N x d^2 per source token. Absolute numbers
+are only meaningful on a GPU; ratios are the result.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import flops  # noqa: E402
+
+BASELINE = "transformer"
+VARIANTS = {
+    BASELINE: ("transformer", []),
+    "fusion": ("layerwise_transformer", ["--encoder-fusion", "--decoder-fusion"]),
+    "fusion_enc": ("layerwise_transformer", ["--encoder-fusion"]),
+    "fusion_dec": ("layerwise_transformer", ["--decoder-fusion"]),
+    "bridge": ("layerwise_transformer", ["--bridge", "fc"]),
+}
+
+
+def size_flags(cfg):
+    return ["--encoder-layers", cfg["layers"], "--decoder-layers", cfg["layers"],
+            "--encoder-embed-dim", cfg["d"], "--decoder-embed-dim", cfg["d"],
+            "--encoder-ffn-embed-dim", cfg["ffn"], "--decoder-ffn-embed-dim", cfg["ffn"],
+            "--encoder-attention-heads", cfg["heads"], "--decoder-attention-heads", cfg["heads"]]
+
+
+class Bench:
+    """One model with its synthetic training batch, optimizer and generation batch."""
+
+    def __init__(self, variant, cfg, device, fp16):
+        from fairseq_plugins.inprocess import build_translation_model, make_dict
+
+        arch, flags = VARIANTS[variant]
+        vocab = make_dict(cfg["vocab"] - 4, "w")
+        model, self.task, _ = build_translation_model(arch, size_flags(cfg) + flags, vocab,
+                                                      vocab, seed=1)
+        dtype = torch.float16 if fp16 else torch.float32
+        self.model = model.to(device=device, dtype=dtype)
+        self.params = sum(p.numel() for p in model.parameters())
+        g = torch.Generator().manual_seed(0)  # same data for every variant
+
+        def tokens(n, length):
+            t = torch.randint(vocab.nspecial, len(vocab), (n, length), generator=g)
+            t[:, -1] = vocab.eos()
+            return t.to(device)
+
+        self.bsz, self.cfg = cfg["max_tokens"] // cfg["tgt_len"], cfg
+        self.src, self.tgt = tokens(self.bsz, cfg["src_len"]), tokens(self.bsz, cfg["tgt_len"])
+        self.lengths = torch.full((self.bsz,), cfg["src_len"], device=device)
+        self.prev = torch.cat([self.tgt[:, -1:], self.tgt[:, :-1]], dim=1)
+        self.gsrc = tokens(cfg["gen_sentences"], cfg["src_len"])
+        self.glen = torch.full((cfg["gen_sentences"],), cfg["src_len"], device=device)
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4 if fp16 else 1e-8)
+
+    def train_step(self):
+        self.model.train()
+        out, _ = self.model(self.src, self.lengths, self.prev)
+        loss = F.cross_entropy(out.float().view(-1, out.size(-1)), self.tgt.view(-1),
+                               reduction="sum")
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def generate(self):
+        from fairseq_plugins.inprocess import beam_search
+
+        self.model.eval()
+        with torch.no_grad():
+            beam_search(self.model, self.task, self.gsrc, self.glen, beam=5,
+                        max_len_b=self.cfg["tgt_len"])
+
+
+def worker(job):
+    """``memory``: peak memory growth of one variant's training (a process of its own);
+    ``speed``: the variant and the baseline in one process, timed in alternating windows
+    (order flipped every window) so that machine drift affects both alike."""
+    cfg, device, w = job["cfg"], job["device"], job["windows"]
+    torch.set_num_threads(job["threads"])
+    if job["mode"] == "memory":
+        bench = Bench(job["variant"], cfg, device, job["fp16"])
+        start = common.memory_start(device)
+        for _ in range(w["warmup"] + w["steps"]):
+            bench.train_step()
+        return {"params": bench.params,
+                "train_peak_memory_growth_mb": round(common.memory_peak_growth(device, start), 1)}
+    names = [job["baseline"], job["variant"]]
+    benches = {n: Bench(n, cfg, device, job["fp16"]) for n in names}
+    times = {n: {"train": [], "gen": []} for n in names}
+    for kind, windows, steps in (("train", w["train"], w["steps"]), ("gen", w["gen"], 1)):
+        for n in names:  # warm-up
+            for _ in range(w["warmup"] if kind == "train" else 1):
+                getattr(benches[n], "train_step" if kind == "train" else "generate")()
+        for i in range(windows):
+            for n in (names if i % 2 == 0 else names[::-1]):
+                step = getattr(benches[n], "train_step" if kind == "train" else "generate")
+                times[n][kind] += common.timed_windows(step, 1, steps, 0, device)
+    out = {}
+    for n in names:
+        t_train, t_gen = common.median(times[n]["train"]), common.median(times[n]["gen"])
+        out[n] = {"train_seconds_per_update": t_train,
+                  "train_tokens_per_second": benches[n].bsz * cfg["tgt_len"] / t_train,
+                  "generate_seconds": t_gen,
+                  "generate_sentences_per_second": cfg["gen_sentences"] / t_gen}
+    return out
+
+
+def mac_ratio(variant, cfg, algorithm):
+    d, L = cfg["d"], cfg["layers"]
+    base = flops.transformer_macs(d, cfg["ffn"], L, L, cfg["src_len"], cfg["tgt_len"], cfg["vocab"])
+    extra = 0
+    for side, length in (("enc", cfg["src_len"]), ("dec", cfg["tgt_len"])):
+        if variant in ("fusion", f"fusion_{side}"):
+            extra += flops.fusion_extra_macs(d, cfg["heads"], range(L), length, algorithm=algorithm)
+    if variant == "bridge":
+        extra += flops.bridge_extra_macs(d, L, L, cfg["src_len"])
+    return (base + extra) / base
+
+
+def markdown_table(report):
+    c, w = report["config"], report["windows"]
+    lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
+             f"torch {report['torch']}: {c['layers']}+{c['layers']} layers, d={c['d']}, "
+             f"FFN {c['ffn']}, {c['heads']} heads, vocab {c['vocab']}, {c['max_tokens']} target "
+             f"tokens per batch (source/target length {c['src_len']}/{c['tgt_len']}); training: "
+             f"median of {w['train']} windows of {w['steps']} updates; generation: beam 5, "
+             f"{c['gen_sentences']} sentences, median of {w['gen']} runs. Ratios to fairseq's "
+             "`transformer` in the same run.", "",
+             "| variant | extra params | training time ratio | MAC-model ratio | measured / MAC "
+             "model | MAC ratio as implemented | measured / implemented | generation speed "
+             "ratio | training peak-memory growth ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in report["ratios_vs_transformer"].items():
+        lines.append(f"| {name} | {r['params_extra']:,} | {r['train_time_ratio']:.3f} | "
+                     f"{r['mac_model_ratio']:.3f} | **{r['train_ratio_over_mac_ratio']:.3f}** | "
+                     f"{r['mac_ratio_implemented']:.3f} | "
+                     f"{r['train_ratio_over_mac_ratio_implemented']:.3f} | "
+                     f"**{r['generate_speed_ratio']:.3f}** | {r['memory_growth_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--markdown", help="also write a markdown table of the ratios here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    if args.fp16 and args.device == "cpu":
+        p.error("--fp16 needs --device cuda")
+
+    if args.quick:
+        cfg = dict(layers=2, d=64, ffn=128, heads=4, vocab=500, src_len=16, tgt_len=16,
+                   max_tokens=512, gen_sentences=8)
+        windows = dict(train=2, steps=1, warmup=1, gen=1)
+    else:
+        cfg = dict(layers=3, d=256, ffn=1024, heads=4, vocab=8000, src_len=32, tgt_len=32,
+                   max_tokens=4096, gen_sentences=64)
+        windows = dict(train=7, steps=3, warmup=3, gen=7)
+    variants = args.variants.split(",")
+    common_job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
+                      windows=windows)
+    script = os.path.abspath(__file__)
+    results, ratios = {}, {}
+    for variant in variants:
+        print(f"[bench] {variant}: memory ...", file=sys.stderr, flush=True)
+        results[variant] = common.run_isolated(
+            script, dict(common_job, mode="memory", variant=variant), args.threads)
+    for variant in variants:
+        if variant == BASELINE:
+            continue
+        print(f"[bench] {variant} vs {BASELINE}: speed (interleaved) ...", file=sys.stderr,
+              flush=True)
+        pair = common.run_isolated(
+            script, dict(common_job, mode="speed", variant=variant, baseline=BASELINE),
+            args.threads)
+        results[variant].update(pair[variant])
+        results[variant]["baseline_in_same_process"] = pair[BASELINE]
+        base, r = pair[BASELINE], pair[variant]
+        train_ratio = r["train_seconds_per_update"] / base["train_seconds_per_update"]
+        naive = mac_ratio(variant, cfg, "naive")
+        implemented = mac_ratio(variant, cfg, "implemented")
+        base_mem = results.get(BASELINE, {}).get("train_peak_memory_growth_mb")
+        ratios[variant] = {
+            "train_time_ratio": round(train_ratio, 3),
+            "mac_model_ratio": round(naive, 3),
+            "train_ratio_over_mac_ratio": round(train_ratio / naive, 3),
+            "mac_ratio_implemented": round(implemented, 3),
+            "train_ratio_over_mac_ratio_implemented": round(train_ratio / implemented, 3),
+            "generate_speed_ratio": round(r["generate_sentences_per_second"]
+                                          / base["generate_sentences_per_second"], 3),
+            "memory_growth_ratio": (round(results[variant]["train_peak_memory_growth_mb"]
+                                          / base_mem, 3) if base_mem else None),
+            "params_extra": (results[variant]["params"] - results[BASELINE]["params"]
+                             if BASELINE in results else None),
+        }
+    report = {"benchmark": "seq2seq", "device": args.device, "fp16": args.fp16,
+              "threads": args.threads, "torch": torch.__version__, "config": cfg,
+              "windows": windows, "results": results, "ratios_vs_transformer": ratios,
+              "targets": {"train_ratio_over_mac_ratio": "<= 1.15 (fusion, bridge)",
+                          "generate_speed_ratio": ">= 0.8 (fusion)"}}
+    text = json.dumps(report, indent=2)
+    print(text)
+    for path, content in ((args.out, text), (args.markdown, markdown_table(report))):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(content + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
