@@ -25,6 +25,7 @@ setup(
     extras_require={
         "test": ["pytest"],
         "hf": ["transformers"],
+        "data": ["jieba"],  # CoGnition: segmenting the raw Chinese cg-test references
         "plot": ["matplotlib"],
     },
 )

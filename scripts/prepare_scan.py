@@ -26,10 +26,10 @@ import argparse
 import itertools
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare"))
+import common  # noqa: E402  (scripts/prepare/common.py: atomic outputs, fairseq-preprocess)
 
 SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left")
 
@@ -130,37 +130,11 @@ def write_split_text(directory, train, test, valid_size, seed):
         _write_lines(os.path.join(directory, f"{subset}.out"), [" ".join(a) for _, a in data])
 
 
-def _preprocess_command():
-    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "fairseq_cli.preprocess"]
-
-
 def binarize(text_dir, dest_dir, workers=1):
     """Run the real ``fairseq-preprocess`` on ``text_dir`` into ``dest_dir`` (atomically)."""
-    parent = os.path.dirname(os.path.abspath(dest_dir)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
-        cmd = _preprocess_command() + [
-            "--source-lang", "in", "--target-lang", "out",
-            "--trainpref", os.path.join(text_dir, "train"),
-            "--validpref", os.path.join(text_dir, "valid"),
-            "--testpref", os.path.join(text_dir, "test"),
-            "--destdir", tmp, "--workers", str(workers),
-        ]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"fairseq-preprocess failed:\n{proc.stdout[-2000:]}")
-        _replace_dir(tmp, dest_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _replace_dir(tmp, final):
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    common.binarize_translation(dest_dir, "in", "out", os.path.join(text_dir, "train"),
+                                os.path.join(text_dir, "valid"), [os.path.join(text_dir, "test")],
+                                workers=workers)
 
 
 def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_data=True, log=print,
@@ -176,14 +150,8 @@ def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_dat
     expected = PUBLISHED_SIZES[split]
     if (len(train), len(test)) != expected:  # pragma: no cover - guards the grammar itself
         raise AssertionError(f"SCAN {split}: generated {len(train)}/{len(test)}, published {expected}")
-    os.makedirs(out_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{split}-", dir=out_dir)
-    try:
+    with common.atomic_dir(final) as tmp:
         write_split_text(tmp, train, test, valid_size, seed)
-        _replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"scan/{split}: train {len(train)}, valid {min(valid_size, len(train))}, test {len(test)} -> {final}")
     if binarize_data:
         binarize(final, dest)
@@ -227,7 +195,7 @@ def main(argv=None):
         for s in splits:
             prepare(s, args.out_dir, args.dest_dir, args.valid_size, args.seed, not args.no_binarize,
                     force=args.force)
-    except (ValueError, OSError, RuntimeError) as e:
+    except (ValueError, OSError, common.PrepareError) as e:
         print(f"prepare_scan.py: error: {e}", file=sys.stderr)
         return 2
     return 0

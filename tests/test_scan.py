@@ -115,8 +115,8 @@ def test_failed_binarization_leaves_nothing(tmp_path, monkeypatch):
     text_dir = tmp_path / "text"
     text_dir.mkdir()
     prepare_scan.write_split_text(str(text_dir), *prepare_scan.make_split("simple"), 10, 1)
-    monkeypatch.setattr(prepare_scan, "_preprocess_command", lambda: ["false"])
+    monkeypatch.setattr(prepare_scan.common, "preprocess_command", lambda: ["false"])
     dest = tmp_path / "bin" / "scan-simple"
-    with pytest.raises(RuntimeError, match="fairseq-preprocess failed"):
+    with pytest.raises(prepare_scan.common.PrepareError, match="fairseq-preprocess failed"):
         prepare_scan.binarize(str(text_dir), str(dest))
     assert not dest.exists() and os.listdir(tmp_path / "bin") == []

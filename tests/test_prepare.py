@@ -1,0 +1,208 @@
+"""Data preparation: shared machinery on small local files, and every script on the real files
+of ../shared/data where present (skipped cleanly otherwise). No test touches the network: the
+download path is exercised with file:// URLs."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import SCRIPTS, SHARED_DATA
+
+sys.path.insert(0, os.path.join(SCRIPTS, "prepare"))
+import common  # noqa: E402
+
+PREPARE = os.path.join(SCRIPTS, "prepare")
+
+
+def _run(script, *args, cwd):
+    return subprocess.run([sys.executable, os.path.join(PREPARE, script), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def _count(prefix, dictionary_path):
+    from fairseq.data import Dictionary, data_utils
+
+    dataset = data_utils.load_indexed_dataset(str(prefix), Dictionary.load(str(dictionary_path)))
+    assert dataset is not None, prefix
+    return len(dataset)
+
+
+def test_read_lines_checks(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("a\nb\n")
+    assert common.read_lines(str(good), expected=2) == ["a", "b"]
+    with pytest.raises(common.PrepareError, match="good.txt: 2 lines, the release has 3"):
+        common.read_lines(str(good), expected=3)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("a\n \nc\n")
+    with pytest.raises(common.PrepareError, match="empty.txt:2: empty line"):
+        common.read_lines(str(empty))
+    assert common.read_lines(str(empty), allow_empty=True) == ["a", " ", "c"]
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("ok\nstra\xdfe\n".encode("latin-1"))
+    with pytest.raises(common.PrepareError, match="latin.txt:2: not UTF-8"):
+        common.read_lines(str(latin))
+
+
+def test_fetch_download_checksum_and_gzip(tmp_path):
+    server = tmp_path / "server"
+    server.mkdir()
+    (server / "a.txt").write_text("hello\n")
+    with gzip.open(server / "b.txt.gz", "wt") as f:
+        f.write("x\ny\n")
+    (server / "c.txt.gz").write_bytes(gzip.compress(b"x\ny\n")[:-6])  # truncated
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    url = (server / "a.txt").as_uri()
+    assert open(common.fetch("a.txt", url, None, str(dest))).read() == "hello\n"
+    import hashlib
+
+    good = hashlib.sha256(b"hello\n").hexdigest()
+    common.fetch("a.txt", url, None, str(dest), sha256=good)
+    with pytest.raises(common.PrepareError, match="SHA-256 .* differs"):
+        common.fetch("a.txt", url, None, str(dest), sha256="0" * 64)
+    with pytest.raises(common.PrepareError, match="download of .* failed .* pass --from DIR"):
+        common.fetch("a.txt", (server / "missing.txt").as_uri(), None, str(dest))
+    path = common.fetch_maybe_gz("b.txt", (server / "b.txt.gz").as_uri(), None, str(dest))
+    assert open(path).read() == "x\ny\n"
+    with pytest.raises(common.PrepareError, match="corrupt or truncated gzip"):
+        common.fetch_maybe_gz("c.txt", (server / "c.txt.gz").as_uri(), None, str(dest))
+    with pytest.raises(common.PrepareError, match="not found"):
+        common.fetch("nope.txt", None, str(server), str(dest))
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    final = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with common.atomic_dir(str(final)) as tmp:
+            open(os.path.join(tmp, "half.txt"), "w").write("x")
+            raise RuntimeError("interrupted")
+    assert os.listdir(tmp_path) == []
+    with common.atomic_dir(str(final)) as tmp:
+        open(os.path.join(tmp, "done.txt"), "w").write("x")
+    assert os.listdir(final) == ["done.txt"]
+
+
+def test_lm_from_any_text_file(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    words = "the a cat dog sat ran on under mat rug quickly slowly big small".split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(600)]
+    lines[10] = ""  # empty lines are dropped and counted
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    proc = _run("lm.py", "--text", corpus, "--vocab-size", "30", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "corpus/train: 587 lines (1 empty lines dropped)" in proc.stdout
+    out = tmp_path / "data-bin" / "corpus"
+    counts = {s: _count(out / s, out / "dict.txt") for s in ("train", "valid", "test")}
+    assert counts == {"train": 587, "valid": 6, "test": 6}
+    assert (tmp_path / "data" / "corpus" / "spm.model").exists()
+    again = _run("lm.py", "--text", corpus, "--vocab-size", "30", cwd=tmp_path)
+    assert again.returncode == 0 and "already prepared" in again.stdout
+    other = _run("lm.py", "--text", corpus, "--vocab-size", "34", cwd=tmp_path)
+    assert other.returncode == 2 and "--force to rebuild" in other.stderr
+
+
+def test_cogs_bad_inputs(tmp_path):
+    src = tmp_path / "cogs"
+    src.mkdir()
+    (src / "train.tsv").write_text("a\tb\tc\n" * 10)
+    proc = _run("cogs.py", "--from", src, "--splits", "train,dev", cwd=tmp_path)
+    assert proc.returncode == 2 and "train.tsv: 10 lines, the release has 24155" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    proc = _run("cogs.py", "--splits", "train,bogus", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown COGS split 'bogus'" in proc.stderr
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []
+    assert not (tmp_path / "data-bin").exists()
+
+
+COGS = os.path.join(SHARED_DATA, "cogs")
+MULTI30K = os.path.join(SHARED_DATA, "multi30k")
+WIKITEXT2 = os.path.join(SHARED_DATA, "wikitext-2")
+
+
+@pytest.mark.skipif(not os.path.isdir(COGS), reason="../shared/data/cogs not present")
+def test_cogs_real_files_via_download_path(tmp_path):
+    # the real release files, fetched through the download code (file:// URLs)
+    import cogs
+
+    url = "file://" + os.path.abspath(COGS) + "/{}.tsv"
+    argv = ["--splits", "train,dev,test", "--out-dir", str(tmp_path / "data" / "cogs"),
+            "--dest-dir", str(tmp_path / "data-bin" / "cogs")]
+    original, cogs.URL = cogs.URL, url
+    try:
+        assert cogs.main(argv) == 0
+    finally:
+        cogs.URL = original
+    text, out = tmp_path / "data" / "cogs", tmp_path / "data-bin" / "cogs"
+    sizes = {"train": 24155, "valid": 3000, "test": 3000}
+    for subset, n in sizes.items():
+        assert _count(out / f"{subset}.in-out.in", out / "dict.in.txt") == n
+        assert len((text / f"{subset}.cat").read_text().splitlines()) == n
+    assert (out / "dict.in.txt").read_text() == (out / "dict.out.txt").read_text()  # joined
+    assert set((text / "test.cat").read_text().split()) == {"in_distribution"}
+    assert json.loads((text / "prepared.json").read_text())["splits"] == ["train", "dev", "test"]
+
+
+@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
+def test_multi30k_real_files(tmp_path):
+    proc = _run("multi30k.py", "--from", MULTI30K, "--vocab-size", "2000", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out, text = tmp_path / "data-bin" / "multi30k", tmp_path / "data" / "multi30k"
+    for subset, n in {"train": 29000, "valid": 1014, "test": 1000, "test1": 1000}.items():
+        assert _count(out / f"{subset}.de-en.en", out / "dict.en.txt") == n
+        assert len((text / f"{subset}.raw.en").read_text().splitlines()) == n
+    assert (text / "test.raw.de").read_text() == open(
+        os.path.join(MULTI30K, "test_2016_flickr.de"), encoding="utf-8").read()
+
+
+@pytest.mark.skipif(not os.path.isdir(WIKITEXT2), reason="../shared/data/wikitext-2 not present")
+def test_wikitext2_real_files(tmp_path):
+    proc = _run("lm.py", "--dataset", "wikitext-2", "--from", WIKITEXT2, "--vocab-size", "2000",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "data-bin" / "wikitext-2"
+    # the release's non-empty lines: 23,767 / 2,461 / 2,891
+    assert [_count(out / s, out / "dict.txt") for s in ("train", "valid", "test")] == \
+        [23767, 2461, 2891]
+
+
+COGNITION = os.path.join(SHARED_DATA, "cognition")
+
+
+@pytest.mark.skipif(not os.path.isdir(COGNITION), reason="../shared/data/cognition not present")
+def test_cognition_small_scale_recipe_real_files(tmp_path):
+    proc = _run("cognition.py", "--from", COGNITION, "--train-on", "valid,test", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out, text = tmp_path / "data-bin" / "cognition", tmp_path / "data" / "cognition"
+    sizes = {"train": 20000, "valid": 1000, "test": 10000, "test1": 10800}
+    for subset, n in sizes.items():
+        assert _count(out / f"{subset}.en-zh.zh", out / "dict.zh.txt") == n
+    assert len((text / "bpe.code").read_text().splitlines()) == 3001  # header + 3,000 merges
+    assert "@@" in (text / "train.zh").read_text() and "@@" not in (text / "train.en").read_text()
+    # the files placed for the CTER scorer reproduce the official floor on the references
+    score = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "score_cter.py"), str(text / "cg-test.raw.zh"),
+         "--compound", str(text / "cg-test.compound"), "--lexicon", str(text / "lexicon"),
+         "--source", str(text / "cg-test.en"), "--json"], capture_output=True, text=True)
+    assert score.returncode == 0, score.stderr
+    assert f"{json.loads(score.stdout)['all']['instance']:.2f}" == "2.62"
+
+
+def test_cognition_misaligned_compounds_are_an_error(tmp_path):
+    src = tmp_path / "release"
+    (src / "cg-test").mkdir(parents=True)
+    for name in ("valid.en", "valid.zh", "test.en", "test.zh"):
+        (src / name).write_text("x\n" * 10000)
+    (src / "cg-test" / "cg-test.en").write_text("the dog barked .\n" * 10800)
+    (src / "cg-test" / "cg-test.zh").write_text("狗叫了。\n" * 10800)
+    (src / "cg-test" / "cg-test.compound").write_text("the dog\n" * 10799 + "every cat\n")
+    (src / "lexicon").write_text("the\t/\n")
+    proc = _run("cognition.py", "--from", src, "--train-on", "valid,test", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "cg-test.compound:10800: 'every cat' is not in its source sentence" in proc.stderr
+    assert not (tmp_path / "data-bin").exists()
