@@ -28,16 +28,14 @@ under a temporary name and renamed when complete.
 """
 import argparse
 import json
-import logging
 import os
 import shutil
 import sys
-import tempfile
 
-# fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
-# configuring logging first makes that a no-op, so errors stay one line on stderr
-logging.basicConfig(level=logging.WARNING, format="%(message)s")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare"))
+# (common also configures logging before fairseq is imported: errors stay one line on stderr)
+import common  # noqa: E402  (scripts/prepare/common.py: atomic output directories)
 
 NEVER_PREDICTED = -1e4  # finite: label smoothing sums log-probs over the whole vocabulary
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
@@ -204,10 +202,7 @@ def convert(hf_dir, out_dir, src, tgt, arch, tolerance, force=False):
         raise ConversionError(f"converted logits differ from the HF model's by {diff:.2e} "
                               f"(> {tolerance})")
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-convert-", dir=parent)
-    try:
+    with common.atomic_dir(out_dir) as tmp:
         state = {"args": args, "model": model.state_dict(),
                  "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
                                         "optimizer_name": "none", "lr_scheduler_state": {},
@@ -222,12 +217,6 @@ def convert(hf_dir, out_dir, src, tgt, arch, tolerance, force=False):
             json.dump({"source": os.path.abspath(hf_dir), "arch": arch, "source_lang": src,
                        "target_lang": tgt, "marian_vocab": len(vocab),
                        "fairseq_vocab": len(dictionary), "max_abs_logit_diff": diff}, f, indent=2)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return diff
 
 

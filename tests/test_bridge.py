@@ -1,8 +1,8 @@
 import pytest
 import torch
 from conftest import run_cli, train
-from helpers import (PLUGIN_DIR, beam_search, build_translation_model, incremental_decode,
-                     random_batch)
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, beam_search,
+                     build_translation_model, incremental_decode, random_batch)
 
 from fairseq_plugins.modules.layer_bridge import LayerBridge
 
@@ -86,14 +86,7 @@ def test_beam_search_batch_equals_one_by_one(extra):
     model, task, _ = build_translation_model("bridge_transformer_tiny", extra, seed=2)
     model.eval()
     src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=3, seed=5)
-    with torch.no_grad():
-        batched = beam_search(model, task, src, lengths, beam=4)
-        for i in range(3):
-            n = int(lengths[i])
-            single = beam_search(model, task, src[i:i + 1, -n:], lengths[i:i + 1], beam=4)
-            for hb, hs in zip(batched[i], single[0]):
-                assert torch.equal(hb["tokens"], hs["tokens"])
-                assert abs(hb["score"].item() - hs["score"].item()) < 1e-4
+    assert_batch_equals_one_by_one(model, task, src, lengths, beam=4)
 
 
 def test_bridge_runs_once_per_source_and_reorder_copies_no_memory():

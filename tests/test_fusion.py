@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from helpers import (beam_search, build_translation_model, incremental_decode, make_dict,
-                     random_batch)
+from helpers import (assert_batch_equals_one_by_one, build_translation_model, incremental_decode,
+                     make_dict, random_batch)
 
 
 def _copy_shared_weights(src_model, dst_model):
@@ -63,15 +63,7 @@ def test_beam_search_batch_equals_one_by_one():
     model, task, _ = build_translation_model("fusion_transformer_tiny")
     model.eval()
     src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=3)
-    with torch.no_grad():
-        batched = beam_search(model, task, src, lengths, beam=4)
-        assert len(batched) == 3 and all(len(h) == 4 for h in batched)
-        for i in range(3):
-            n = int(lengths[i])
-            single = beam_search(model, task, src[i:i + 1, -n:], lengths[i:i + 1], beam=4)
-            for hb, hs in zip(batched[i], single[0]):
-                assert torch.equal(hb["tokens"], hs["tokens"])
-                assert abs(hb["score"].item() - hs["score"].item()) < 1e-4
+    assert_batch_equals_one_by_one(model, task, src, lengths, beam=4)
 
 
 def _param_count(model):

@@ -129,7 +129,7 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
         need_head_weights: bool = False,
     ):
         if prev_self_attn_state is not None or prev_attn_state is not None:
-            raise NotImplementedError("FusionDecoderLayer does not take prev_*_attn_state")
+            raise NotImplementedError("LayerwiseDecoderLayer does not take prev_*_attn_state")
         if need_head_weights:
             need_attn = True
         self._record_input(x)

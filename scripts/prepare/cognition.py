@@ -79,9 +79,7 @@ def main(argv=None):
     if common.already_prepared(args.out_dir, args.dest_dir, config, args.force):
         return 0
     needed = [f for f in FILES if not (args.train_on != "train" and f.startswith("train."))]
-    with common.atomic_dir(args.out_dir) as text:
-        common.record_prepared(text, config)
-        download = os.path.join(text, ".download")
+    with common.preparing(args.out_dir, config) as (text, download):
         os.makedirs(os.path.join(download, "cg-test"))
         data = {}
         for name in needed:
@@ -97,7 +95,6 @@ def main(argv=None):
                 raise common.PrepareError(f"cg-test.compound:{i}: {comp!r} is not in its "
                                           "source sentence (files not aligned?)")
         shutil.copyfile(os.path.join(download, "lexicon"), os.path.join(text, "lexicon"))
-        shutil.rmtree(download)
 
         cg_zh = segment_zh(data["cg-test/cg-test.zh"])  # the only raw Chinese of the release
         if args.train_on == "train":

@@ -12,7 +12,6 @@ The ``.cat`` files give per-category exact match:
     python scripts/score_exact_match.py gen.txt --categories data/cogs/gen.cat
 """
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,10 +48,7 @@ def main(argv=None):
     config = {"dataset": "cogs", "splits": splits}
     if common.already_prepared(args.out_dir, args.dest_dir, config, args.force):
         return 0
-    with common.atomic_dir(args.out_dir) as text:
-        common.record_prepared(text, config)
-        download = os.path.join(text, ".download")
-        os.makedirs(download)
+    with common.preparing(args.out_dir, config) as (text, download):
         for split in splits:
             path = common.fetch(f"{split}.tsv", URL.format(split), args.from_dir, download)
             rows = read_split(path, split)
@@ -60,7 +56,6 @@ def main(argv=None):
                 common.write_lines(os.path.join(text, f"{SUBSET[split]}.{suffix}"),
                                    [r[column] for r in rows])
             print(f"cogs/{split}: {len(rows)} examples")
-        shutil.rmtree(download)
         tests = [os.path.join(text, SUBSET[s]) for s in ("test", "gen") if s in splits]
         # binarise from the temporary directory, then both directories appear together
         common.binarize_translation(args.dest_dir, "in", "out", os.path.join(text, "train"),

@@ -146,9 +146,17 @@ def already_prepared(out_dir, dest_dir, config, force):
     return True
 
 
-def record_prepared(text_dir, config):
-    with open(os.path.join(text_dir, "prepared.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+@contextlib.contextmanager
+def preparing(out_dir, config):
+    """Yield (text_dir, download_dir): the temporary output directory, with ``config`` recorded
+    in its prepared.json, and a scratch directory inside it for the fetched files (removed)."""
+    with atomic_dir(out_dir) as text:
+        with open(os.path.join(text, "prepared.json"), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        download = os.path.join(text, ".download")
+        os.makedirs(download)
+        yield text, download
+        shutil.rmtree(download, ignore_errors=True)
 
 
 def preprocess_command():

@@ -13,7 +13,6 @@ dropped and counted. Writes ``data/<name>/`` (``spm.model``, encoded ``{train,va
 and ``data-bin/<name>`` (``fairseq-preprocess --only-source``).
 """
 import os
-import shutil
 import sys
 import zipfile
 
@@ -75,10 +74,7 @@ def main(argv=None):
     config = {"dataset": args.dataset or os.path.abspath(args.text), "vocab_size": args.vocab_size}
     if common.already_prepared(out_dir, dest_dir, config, args.force):
         return 0
-    with common.atomic_dir(out_dir) as text:
-        common.record_prepared(text, config)
-        download = os.path.join(text, ".download")
-        os.makedirs(download)
+    with common.preparing(out_dir, config) as (text, download):
         if args.dataset:
             files = wikitext_files(args.dataset, args.from_dir, download)
             splits = {s: common.read_lines(files[s], allow_empty=True) for s in SUBSETS}
@@ -87,7 +83,6 @@ def main(argv=None):
             n_train, n_valid = int(len(lines) * 0.98), max(1, len(lines) // 100)
             splits = {"train": lines[:n_train], "valid": lines[n_train:n_train + n_valid],
                       "test": lines[n_train + n_valid:]}
-        shutil.rmtree(download)
         for subset in SUBSETS:
             splits[subset], dropped = drop_empty(splits[subset])
             if not splits[subset]:

@@ -15,7 +15,6 @@ test1 = test_2017_flickr). Detokenised output for sacreBLEU:
     python scripts/score_bleu.py gen.txt --ref data/multi30k/test.raw.en
 """
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,10 +32,7 @@ def main(argv=None):
     config = {"dataset": "multi30k", "vocab_size": args.vocab_size}
     if common.already_prepared(args.out_dir, args.dest_dir, config, args.force):
         return 0
-    with common.atomic_dir(args.out_dir) as text:
-        common.record_prepared(text, config)
-        download = os.path.join(text, ".download")
-        os.makedirs(download)
+    with common.preparing(args.out_dir, config) as (text, download):
         raw = {}
         for subset, (name, size) in SPLITS.items():
             paths = [common.fetch_maybe_gz(f"{name}.{lang}", URL.format(f"{name}.{lang}"),
@@ -44,7 +40,6 @@ def main(argv=None):
             de, en = (common.read_lines(path, expected=size) for path in paths)
             common.check_parallel(paths[0], de, paths[1], en)
             raw[subset] = {"de": de, "en": en}
-        shutil.rmtree(download)
         sp = common.train_sentencepiece(raw["train"]["de"] + raw["train"]["en"],
                                         os.path.join(text, "spm"), args.vocab_size)
         for subset, langs in raw.items():
