@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Write the stored checkpoints of tests/fixtures/ (run only when adding an architecture).
+
+    python scripts/make_checkpoint_fixtures.py [--out tests/fixtures]
+
+For every fixture below: a tiny model (d=16) of that architecture, its dictionaries, and the
+decoder output (log-probabilities) on a fixed batch. tests/test_checkpoint_fixtures.py loads each
+stored checkpoint with fairseq's own loader and checks it still gives the stored outputs, so a
+change that breaks loading old checkpoints (renamed parameters, changed defaults, new required
+flags) or silently changes their numbers fails CI. Never regenerate the fixtures to make that
+test pass: keep old checkpoints loadable (``upgrade_state_dict_named``) instead.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fairseq_plugins.inprocess import build_translation_model, make_dict  # noqa: E402
+
+SIZES = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+         "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+         "--decoder-attention-heads", "2", "--encoder-layers", "2", "--decoder-layers", "2"]
+FIXTURES = {
+    "fusion_transformer": ("fusion_transformer_tiny", SIZES),
+    "bridge_transformer": ("bridge_transformer_tiny", SIZES + ["--bridge-init", "random"]),
+    "fusion_bridge_transformer": ("bridge_transformer_tiny",
+                                  SIZES + ["--encoder-fusion", "--decoder-fusion",
+                                           "--encoder-normalize-before",
+                                           "--decoder-normalize-before", "--bridge-init", "gca"]),
+    "opus_mt_de_en": ("opus_mt_de_en", SIZES + ["--max-source-positions", "32",
+                                                 "--max-target-positions", "32"]),
+}
+
+
+def fixed_batch(dictionary):
+    src = torch.tensor([[7, 8, 9, 10, 11, 2], [1, 1, 12, 13, 14, 2]])
+    lengths = torch.tensor([6, 4])
+    prev = torch.tensor([[2, 7, 9, 11], [2, 12, 14, 8]])
+    assert int(src.max()) < len(dictionary)
+    return src, lengths, prev
+
+
+def make(name, arch, flags, out_root):
+    shared = arch.startswith("opus")  # opus-mt shares one vocabulary between the languages
+    src_dict = make_dict(16, "s")
+    tgt_dict = src_dict if shared else make_dict(16, "t")
+    model, task, args = build_translation_model(arch, ["--source-lang", "src", "--target-lang",
+                                                       "tgt"] + flags, src_dict, tgt_dict, seed=7)
+    if getattr(model.decoder, "final_logits_bias", None) is not None:
+        torch.manual_seed(3)
+        model.decoder.final_logits_bias.normal_()
+    args.data = "."
+    out = os.path.join(out_root, name)
+    os.makedirs(out, exist_ok=True)
+    torch.save({"args": args, "model": model.state_dict(),
+                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                                       "optimizer_name": "none", "lr_scheduler_state": {},
+                                       "num_updates": 0}],
+                "extra_state": {"train_iterator": {"epoch": 1}}, "last_optimizer_state": None},
+               os.path.join(out, "checkpoint.pt"))
+    src_dict.save(os.path.join(out, "dict.src.txt"))
+    tgt_dict.save(os.path.join(out, "dict.tgt.txt"))
+    model.eval()
+    src, lengths, prev = fixed_batch(src_dict)
+    with torch.no_grad():
+        lprobs = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    torch.save({"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev,
+                "lprobs": lprobs}, os.path.join(out, "expected.pt"))
+    print(f"{name}: {arch} -> {out}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join("tests", "fixtures"))
+    p.add_argument("--only", help="comma-separated fixture names (default: all)")
+    args = p.parse_args(argv)
+    for name, (arch, flags) in FIXTURES.items():
+        if args.only is None or name in args.only.split(","):
+            make(name, arch, flags, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
