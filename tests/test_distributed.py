@@ -1,0 +1,68 @@
+"""fairseq's own distributed training on CPU (2 processes, gloo, legacy DDP: the flags of
+shared/FAIRSEQ_NOTES.md) gives the parameters of 1 process with --update-freq 2, and a
+2-process run resumes from its checkpoint (the loaded state is broadcast with torch.save /
+torch.load, which the compatibility layer's allow-list must cover)."""
+import os
+import socket
+import subprocess
+
+import pytest
+import torch
+from conftest import BIN, cli_env
+from helpers import PLUGIN_DIR
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _common(scan_bin, arch, save_dir, updates):
+    return [str(scan_bin / "bin"), "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu",
+            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "512",
+            "--max-update", str(updates), "--dropout", "0", "--attention-dropout", "0",
+            "--seed", "1", "--num-workers", "0", "--no-epoch-checkpoints",
+            "--disable-validation", "--save-dir", str(save_dir)]
+
+
+def _train_single(scan_bin, arch, save_dir, updates):
+    proc = subprocess.run([os.path.join(BIN, "fairseq-train"),
+                           *_common(scan_bin, arch, save_dir, updates), "--update-freq", "2"],
+                          capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _train_two_processes(scan_bin, arch, save_dir, updates):
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [os.path.join(BIN, "fairseq-train"), *_common(scan_bin, arch, save_dir, updates),
+         "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
+         "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-world-size",
+         "2", "--distributed-rank", str(rank), "--distributed-no-spawn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
+        for rank in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    return outputs[0]
+
+
+def _max_param_diff(a, b):
+    sa = torch.load(a / "checkpoint_last.pt")["model"]
+    sb = torch.load(b / "checkpoint_last.pt")["model"]
+    assert sa.keys() == sb.keys()
+    return max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa)
+
+
+@pytest.mark.parametrize("arch,resume", [("fusion_transformer_tiny", True),
+                                         ("bridge_transformer_tiny", False)])
+def test_two_processes_equal_update_freq_two(scan_bin, tmp_path, arch, resume):
+    _train_single(scan_bin, arch, tmp_path / "single", updates=6)
+    if resume:  # 3 updates, stop, then the same command resumes to 6
+        _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=3)
+        log = _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=6)
+        assert "Loaded checkpoint" in log and "@ 3 updates" in log
+    else:
+        _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=6)
+    assert _max_param_diff(tmp_path / "single", tmp_path / "dist") < 1e-5
