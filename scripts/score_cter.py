@@ -50,6 +50,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         compounds = read_lines(args.compound)
+        if not compounds or len(compounds) % 5:
+            raise CterInputError(f"{args.compound}: {len(compounds)} lines is not a positive "
+                                 "multiple of 5 (cg-test has 5 consecutive contexts per compound)")
         lexicon = read_lexicon(args.lexicon, strict=args.strict)
         if args.source:
             check_sources(compounds, args.source)

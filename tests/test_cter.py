@@ -139,6 +139,10 @@ def test_cli_errors_are_one_line(tmp_path, lexicon_file):
     src.write_text("every dog barked .\n" * 9 + "a cat .\n")
     cases.append(([hyp, "--compound", comp, "--lexicon", lexicon_file, "--source", src],
                   "src.en:10: compound 'every dog' is not in the source"))
+    odd = tmp_path / "odd.compound"
+    odd.write_text("every dog\n" * 9)
+    cases.append(([hyp, "--compound", odd, "--lexicon", lexicon_file],
+                  "odd.compound: 9 lines is not a positive multiple of 5"))
     for args, message in cases:
         proc = _score(*args)
         assert proc.returncode == 2, proc.stderr
