@@ -229,6 +229,11 @@ def _make_history(cfg, side: str) -> Optional[LayerHistory]:
     return LayerHistory(fused_layer_indices(cfg, side), cfg.fusion_include_embedding)
 
 
+def _recording(history: Optional[LayerHistory]):
+    """The stack's forward records its layers' inputs only when it fuses."""
+    return history.recording() if history is not None else contextlib.nullcontext()
+
+
 class LayerwiseTransformerEncoder(TransformerEncoderBase):
     """fairseq's encoder; with fusion, its layers see all lower layers' outputs; with the bridge,
     its output also holds every decoder layer's cross-attention memory.
@@ -264,9 +269,7 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
                            return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None):
-        recording = (self.fusion_history.recording() if self.fusion_history is not None
-                     else contextlib.nullcontext())
-        with recording:
+        with _recording(self.fusion_history):
             out = super().forward_scriptable(src_tokens, src_lengths,
                                              return_all_hiddens or self.bridge is not None,
                                              token_embeddings)
@@ -345,13 +348,11 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
         args = (prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
                 alignment_layer, alignment_heads)
         memories = self._bridge_memories(encoder_out, incremental_state)
-        recording = (self.fusion_history.recording() if self.fusion_history is not None
-                     else contextlib.nullcontext())
         try:
             if memories is not None:
                 for layer, memory in zip(self.layers, memories):
                     layer.cross_attention_memory = memory
-            with recording:
+            with _recording(self.fusion_history):
                 return super().extract_features_scriptable(*args)
         finally:
             if memories is not None:

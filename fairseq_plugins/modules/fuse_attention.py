@@ -67,7 +67,8 @@ class FuseAttention(nn.Module):
       q_h . (W_k,h s + b_k,h) = (W_k,h^T q_h) . s + const_h (the constant cancels in the softmax)
       and sum_j p_j (W_v,h s_j + b_v,h) = W_v,h (sum_j p_j s_j) + (sum_j p_j) b_v,h:
       4d^2 + 2HdL MACs per token, nearly flat in depth. Used whenever it is cheaper (L >= 2 for
-      any d > 2H); one state (L = 1) goes through fairseq's fused path.
+      any d > 2H), and whenever the weights are kept (it has them at hand); otherwise fairseq's
+      fused path.
 
     Set ``keep_weights = True`` to keep the last call's attention weights in ``last_weights``
     (B x H x T x L, L = number of lower states attended); off by default, so no cost otherwise.
@@ -99,10 +100,11 @@ class FuseAttention(nn.Module):
             T x B x C fused representation, and the weights (B x H x T x L) if kept.
         """
         tgt_len, bsz, dim = query.shape
-        if self.use_absorbed(len(history)):
-            out, probs = self._absorbed(query.reshape(tgt_len * bsz, dim), history)
+        flat = query.reshape(tgt_len * bsz, dim)
+        if self.keep_weights or self.use_absorbed(len(history)):
+            out, probs = self._absorbed(flat, history)
         else:
-            out, probs = self._standard(query.reshape(tgt_len * bsz, dim), history)
+            out = self._standard(flat, history)
         weights = None
         if self.keep_weights:
             # (T*B) x H x L -> B x H x T x L
@@ -110,16 +112,11 @@ class FuseAttention(nn.Module):
             self.last_weights = weights
         return out.view(tgt_len, bsz, dim), weights
 
-    def _standard(self, query: Tensor, history: List[Tensor]):
+    def _standard(self, query: Tensor, history: List[Tensor]) -> Tensor:
         n, dim = query.shape
         kv = torch.stack(history, dim=0).reshape(len(history), n, dim)
         out, _ = self.attn(query=query.unsqueeze(0), key=kv, value=kv, need_weights=False)
-        probs = None
-        if self.keep_weights:
-            if len(history) != 1:  # never chosen by use_absorbed for L > 1 (d > 2H)
-                raise NotImplementedError("weights of the standard path need L == 1")
-            probs = query.new_ones(n, self.num_heads, 1)  # softmax over one state
-        return out.squeeze(0), probs
+        return out.squeeze(0)
 
     def _absorbed(self, query: Tensor, history: List[Tensor]):
         a, n, dim = self.attn, query.size(0), query.size(1)

@@ -2,8 +2,9 @@
 
 Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
 -> FFN. The fuse-attention (LRF) is present only in the layers that fuse; the decoder layer's
-cross-attention reads a memory of its own when the model has an encoder-decoder bridge. Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``)
-or after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
+cross-attention reads a memory of its own when the model has an encoder-decoder bridge.
+Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``) or
+after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
 keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
 ``fuse_attn_layer_norm``.
 
