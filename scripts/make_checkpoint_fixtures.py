@@ -31,6 +31,11 @@ FIXTURES = {
                                            "--decoder-normalize-before", "--bridge-init", "gca"]),
     "opus_mt_de_en": ("opus_mt_de_en", SIZES + ["--max-source-positions", "32",
                                                  "--max-target-positions", "32"]),
+    "swapped_transformer": ("swapped_transformer_tiny", SIZES + ["--cross-attention-chunk-size",
+                                                                 "2"]),
+    "inverted_transformer": ("inverted_transformer_tiny", SIZES),
+    "decoder_values_transformer": ("decoder_values_transformer_tiny",
+                                   SIZES + ["--cross-attention-layers", "1"]),
 }
 
 

@@ -8,6 +8,10 @@ One seq2seq model; each feature is an independent switch, and named architecture
 - encoder-decoder FC bridge (SPEC section 2): ``--bridge fc`` gives every decoder layer its own
   cross-attention memory, a bias-free projection of all encoder layers
   (:mod:`fairseq_plugins.modules.layer_bridge`), computed once per source sentence;
+- swapped-role cross-attention (SPEC section 4): ``--cross-attention swapped|inverted|
+  decoder-values`` replaces the cross-attention of every decoder layer (or the
+  ``--cross-attention-layers``) by a causally correct variant
+  (:mod:`fairseq_plugins.modules.cross_attention`);
 - Marian (opus-mt) compatibility, so that converted Hugging Face checkpoints run unchanged:
   ``--marian-positions``, ``--final-logits-bias``, ``--decoder-start-zero-embedding``
   (:mod:`fairseq_plugins.modules.marian_embeddings`).
@@ -33,6 +37,7 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
 )
 
+from ..modules.cross_attention import CROSS_ATTENTION_KINDS
 from ..modules.fuse_attention import LayerHistory
 from ..modules.layer_bridge import BRIDGE_INITS, LayerBridge
 from ..modules.layerwise_layers import LayerwiseDecoderLayer, LayerwiseEncoderLayer
@@ -49,9 +54,9 @@ _UNSUPPORTED_WITH_LAYERWISE = (
     "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
     "checkpoint_activations",
 )
-# the fuse-attention reads its K/V weights directly (see FuseAttention), which would bypass
-# quant-noise's forward hooks
-_UNSUPPORTED_WITH_FUSION = ("quant_noise_pq",)
+# the fuse-attention reads its K/V weights directly (see FuseAttention) and the cross-attention
+# variants build Linear layers of their own: quant-noise's hooks would miss them
+_UNSUPPORTED_WITH_NEW_ATTENTION = ("quant_noise_pq",)
 
 
 def add_fusion_args(parser):
@@ -82,6 +87,24 @@ def add_bridge_args(parser):
                              "encoder layer N+1-j, uniform = average, random (default: original)")
     parser.add_argument("--bridge-include-embedding", action=argparse.BooleanOptionalAction,
                         help="also project the embedding output h_0 (default: off, as the paper)")
+
+
+def add_cross_attention_args(parser):
+    parser.add_argument("--cross-attention", choices=CROSS_ATTENTION_KINDS,
+                        help="decoder cross-attention: standard (fairseq's), swapped (source "
+                             "slots that also read the target prefix), inverted (causal doubly "
+                             "normalised: a learned coverage penalty), decoder-values (values from "
+                             "the decoder only; a negative control) (default: standard)")
+    parser.add_argument("--cross-attention-layers", type=str, metavar="IDX,IDX,...",
+                        help="0-based decoder layers that use the --cross-attention variant; the "
+                             "others keep standard cross-attention (default: all layers)")
+    parser.add_argument("--cross-attention-zero-init", action=argparse.BooleanOptionalAction,
+                        help="swapped: initialise the decoder-value projection to zero, so that "
+                             "the model starts exactly as standard cross-attention (e.g. to "
+                             "fine-tune a standard model) (default: off)")
+    parser.add_argument("--cross-attention-chunk-size", type=int, metavar="N",
+                        help="swapped/decoder-values: target positions processed together in "
+                             "training; memory grows as T x S x N per head (default: 16)")
 
 
 def add_marian_args(parser):
@@ -139,12 +162,15 @@ def fusion_heads(args, side: str) -> int:
 def validate_args(args):
     """Build-time checks; raise ValueError naming the flag and the allowed values."""
     fused_sides = [s for s in ("encoder", "decoder") if getattr(args, f"{s}_fusion")]
-    unsupported = (_UNSUPPORTED_WITH_LAYERWISE if fused_sides or args.bridge == "fc" else ())
-    unsupported += _UNSUPPORTED_WITH_FUSION if fused_sides else ()
+    variant = args.cross_attention != "standard"
+    unsupported = (_UNSUPPORTED_WITH_LAYERWISE
+                   if fused_sides or args.bridge == "fc" or variant else ())
+    unsupported += _UNSUPPORTED_WITH_NEW_ATTENTION if fused_sides or variant else ()
     for name in unsupported:
         if getattr(args, name, False):
             raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
-                             "--encoder-fusion/--decoder-fusion/--bridge fc")
+                             "--encoder-fusion/--decoder-fusion/--bridge fc/--cross-attention "
+                             "other than standard")
     if not fused_sides and (args.fusion_layers or args.fusion_heads):
         raise ValueError("--fusion-layers/--fusion-heads were given but neither "
                          "--encoder-fusion nor --decoder-fusion is on")
@@ -152,6 +178,41 @@ def validate_args(args):
         fused_layer_indices(args, side)
         fusion_heads(args, side)
     validate_bridge_args(args)
+    validate_cross_attention_args(args)
+
+
+def cross_attention_layer_indices(args) -> List[int]:
+    """Validated 0-based decoder layers that use the --cross-attention variant."""
+    requested = _parse_layers(args.cross_attention_layers, "--cross-attention-layers")
+    if requested is None:
+        return list(range(args.decoder_layers))
+    for idx in requested:
+        if not 0 <= idx < args.decoder_layers:
+            raise ValueError(f"--cross-attention-layers index {idx} is out of range: allowed "
+                             f"0..{args.decoder_layers - 1} (--decoder-layers)")
+    return requested
+
+
+def validate_cross_attention_args(args):
+    kind = args.cross_attention
+    if kind == "standard":
+        if args.cross_attention_layers or args.cross_attention_zero_init:
+            raise ValueError("--cross-attention-layers/--cross-attention-zero-init were given "
+                             "but --cross-attention is standard")
+        return
+    if getattr(args, "no_cross_attention", False):
+        raise ValueError(f"--cross-attention {kind} with --no-cross-attention: there is no "
+                         "cross-attention to replace")
+    if args.cross_attention_zero_init and kind != "swapped":
+        raise ValueError(f"--cross-attention-zero-init applies to swapped only (got {kind}): "
+                         "inverted has no decoder values, decoder-values has nothing else")
+    if args.cross_attention_chunk_size < 1:
+        raise ValueError(f"--cross-attention-chunk-size must be >= 1, got "
+                         f"{args.cross_attention_chunk_size}")
+    if getattr(args, "decoder_xformers_att_config", None) or getattr(args, "xformers_att_config",
+                                                                        None):
+        raise ValueError(f"xformers attention is not supported with --cross-attention {kind}")
+    cross_attention_layer_indices(args)
 
 
 def validate_bridge_args(args):
@@ -181,6 +242,7 @@ class LayerwiseTransformerModel(TransformerModel):
         super().add_args(parser)
         add_fusion_args(parser)
         add_bridge_args(parser)
+        add_cross_attention_args(parser)
         add_marian_args(parser)
 
     @classmethod
@@ -302,6 +364,9 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
                  output_projection=None):
         self.fusion_history = _make_history(cfg, "decoder")
         self.uses_bridge = getattr(cfg, "bridge", "none") == "fc"
+        kind = getattr(cfg, "cross_attention", "standard")
+        self.cross_attention_kinds = (
+            {} if kind == "standard" else dict.fromkeys(cross_attention_layer_indices(cfg), kind))
         self._layers_built = 0
         if getattr(cfg, "decoder_start_zero_embedding", False):
             embed_tokens = ZeroStartEmbedding(embed_tokens, start_idx=dictionary.eos())
@@ -323,12 +388,14 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
         return logits
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        if self.fusion_history is None and not self.uses_bridge:
+        if (self.fusion_history is None and not self.uses_bridge
+                and not self.cross_attention_kinds):
             return super().build_decoder_layer(cfg, no_encoder_attn)
         idx, self._layers_built = self._layers_built, self._layers_built + 1
         heads = fusion_heads(cfg, "decoder") if self.fusion_history is not None else None
         return LayerwiseDecoderLayer(cfg, self.fusion_history, idx, heads,
-                                     no_encoder_attn=no_encoder_attn)
+                                     no_encoder_attn=no_encoder_attn,
+                                     cross_attention=self.cross_attention_kinds.get(idx, "standard"))
 
     def _bridge_memories(self, encoder_out, incremental_state):
         """Per-layer memories, or None when not needed (no bridge, or cross-attention cached)."""
@@ -373,6 +440,10 @@ def layerwise_base_architecture(args):
     args.bridge = getattr(args, "bridge", "none")
     args.bridge_init = getattr(args, "bridge_init", None)
     args.bridge_include_embedding = getattr(args, "bridge_include_embedding", False)
+    args.cross_attention = getattr(args, "cross_attention", "standard")
+    args.cross_attention_layers = getattr(args, "cross_attention_layers", None)
+    args.cross_attention_zero_init = getattr(args, "cross_attention_zero_init", False)
+    args.cross_attention_chunk_size = getattr(args, "cross_attention_chunk_size", 16)
     args.marian_positions = getattr(args, "marian_positions", False)
     args.final_logits_bias = getattr(args, "final_logits_bias", False)
     args.decoder_start_zero_embedding = getattr(args, "decoder_start_zero_embedding", False)
@@ -412,6 +483,14 @@ for _prefix, (_enc, _dec) in _FUSION_SIDES.items():
 # bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise)
 for _size in ("", "_tiny"):
     register_preset(f"bridge_transformer{_size}", _SIZES[_size], bridge="fc")
+
+
+# {swapped,inverted,decoder_values}_transformer{,_iwslt_de_en,_tiny}: the cross-attention
+# variants in every decoder layer
+for _kind in CROSS_ATTENTION_KINDS[1:]:
+    for _size, _size_fn in _SIZES.items():
+        register_preset(f"{_kind.replace('-', '_')}_transformer{_size}", _size_fn,
+                        cross_attention=_kind)
 
 
 def _opus_mt_sizes(args):

@@ -25,6 +25,8 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from .causal_cross_attention import CausalCrossAttention
+from .cross_attention import build_cross_attention
 from .fuse_attention import FuseAttention, LayerHistory
 
 
@@ -108,13 +110,25 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
     ``cross_attention_memory`` (S x B x C), when the decoder sets it for the duration of a call,
     replaces the shared encoder output as this layer's cross-attention keys/values (the bridge's
     M_i). It is read only while the cross-attention cache is empty (the first step).
+
+    ``cross_attention`` other than 'standard' replaces fairseq's cross-attention module by a
+    variant of :mod:`cross_attention` (same parameter names, plus its own); the variants also
+    receive the target padding mask.
     """
 
     def __init__(self, cfg, history: Optional[LayerHistory], layer_idx: int,
-                 fusion_heads: Optional[int], no_encoder_attn: bool = False):
+                 fusion_heads: Optional[int], no_encoder_attn: bool = False,
+                 cross_attention: str = "standard"):
+        # read by build_encoder_attention, which the parent's __init__ calls
+        self.cross_attention_kind = cross_attention
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
         self.cross_attention_memory: Optional[Tensor] = None
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if self.cross_attention_kind == "standard":
+            return super().build_encoder_attention(embed_dim, cfg)
+        return build_cross_attention(self.cross_attention_kind, embed_dim, cfg)
 
     def forward(
         self,
@@ -153,11 +167,13 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
             residual = x
             if self.normalize_before:
                 x = self.encoder_attn_layer_norm(x)
+            extra = ({"query_padding_mask": self_attn_padding_mask}
+                     if isinstance(self.encoder_attn, CausalCrossAttention) else {})
             x, attn = self.encoder_attn(
                 query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
+                need_head_weights=need_head_weights, **extra,
             )
             x = self.dropout_module(x)
             x = self.residual_connection(x, residual)

@@ -41,3 +41,20 @@ def bridge_extra_macs(d, enc_layers, dec_layers, src_len, include_embedding=Fals
     computed once per sentence (beam search reuses it). The decoder's cross-attention K/V
     projections are unchanged (each layer projects its own memory instead of the shared one)."""
     return src_len * dec_layers * (enc_layers + include_embedding) * d * d
+
+
+def cross_attention_extra_macs(kind, d, heads, dec_layers, src_len, tgt_len, chunk=16):
+    """Forward MACs that a ``--cross-attention`` variant adds to (or removes from) standard
+    cross-attention, in all ``dec_layers``. ``inverted`` only adds a logcumsumexp (no MACs).
+    ``swapped``: decoder key and value projections (2 T d^2), source queries (S d^2), logits e
+    (T S d), the carried-slot read (T S d), the per-chunk weights (T S chunk H), their
+    product with the decoder values (T chunk d) and the slot update (T S d).
+    ``decoder-values``: the same without the source values (S d^2 + T S d)."""
+    if kind in ("standard", "inverted"):
+        return 0
+    chunk = min(chunk, tgt_len)
+    swapped = (2 * tgt_len * d * d + src_len * d * d + 3 * tgt_len * src_len * d
+               + tgt_len * src_len * chunk * heads + tgt_len * chunk * d)
+    if kind == "decoder-values":
+        swapped -= src_len * d * d + tgt_len * src_len * d
+    return dec_layers * swapped

@@ -7,7 +7,8 @@ run (JSON).
 
 Measures, for fairseq ``transformer`` and ``layerwise_transformer`` variants at the same sizes
 (default 3+3 layers, d=256, FFN 1024, 4 heads, 4096 target tokens per batch): encoder+decoder,
-encoder-only and decoder-only fusion, and the FC bridge. Training target tokens/s (median of timed
+encoder-only and decoder-only fusion, the FC bridge and the cross-attention variants (plus the
+peak memory of one swapped cross-attention module as the target length grows). Training target tokens/s (median of timed
 windows of forward + backward + Adam step) and beam-5 generation sentences/s are measured with
 the variant and the baseline in one process, in alternating windows, so that machine drift
 cannot pass for a difference; peak memory growth during training in a process per model. Prints the ratios to the transformer next to the MAC-model ratio
@@ -35,7 +36,11 @@ VARIANTS = {
     "fusion_enc": ("layerwise_transformer", ["--encoder-fusion"]),
     "fusion_dec": ("layerwise_transformer", ["--decoder-fusion"]),
     "bridge": ("layerwise_transformer", ["--bridge", "fc"]),
+    "swapped": ("layerwise_transformer", ["--cross-attention", "swapped"]),
+    "inverted": ("layerwise_transformer", ["--cross-attention", "inverted"]),
+    "decoder_values": ("layerwise_transformer", ["--cross-attention", "decoder-values"]),
 }
+CROSS_ATTENTION = {"swapped": "swapped", "inverted": "inverted", "decoder_values": "decoder-values"}
 
 
 def size_flags(cfg):
@@ -95,8 +100,10 @@ def worker(job):
     """``memory``: peak memory growth of one variant's training (a process of its own);
     ``speed``: the variant and the baseline in one process, timed in alternating windows
     (order flipped every window) so that machine drift affects both alike."""
-    cfg, device, w = job["cfg"], job["device"], job["windows"]
     torch.set_num_threads(job["threads"])
+    if job["mode"] == "cross_attention_memory":
+        return cross_attention_memory(job)
+    cfg, device, w = job["cfg"], job["device"], job["windows"]
     if job["mode"] == "memory":
         bench = Bench(job["variant"], cfg, device, job["fp16"])
         start = common.memory_start(device)
@@ -134,7 +141,28 @@ def mac_ratio(variant, cfg, algorithm):
             extra += flops.fusion_extra_macs(d, cfg["heads"], range(L), length, algorithm=algorithm)
     if variant == "bridge":
         extra += flops.bridge_extra_macs(d, L, L, cfg["src_len"])
+    if variant in CROSS_ATTENTION:
+        extra += flops.cross_attention_extra_macs(CROSS_ATTENTION[variant], d, cfg["heads"], L,
+                                                  cfg["src_len"], cfg["tgt_len"])
     return (base + extra) / base
+
+
+def cross_attention_memory(job):
+    """Peak memory growth of one decoder cross-attention module's forward + backward (B=16,
+    S=32, d=256, 4 heads) at the job's target length: shows how memory grows with T."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+    from fairseq_plugins.modules.swapped_cross_attention import SwappedCrossAttention
+
+    torch.manual_seed(0)
+    d, bsz, src_len, tgt_len = 256, 16, 32, job["tgt_len"]
+    module = (SwappedCrossAttention(d, 4) if job["variant"] == "swapped"
+              else MultiheadAttention(d, 4, encoder_decoder_attention=True)).to(job["device"])
+    x = torch.randn(tgt_len, bsz, d, device=job["device"], requires_grad=True)
+    memory = torch.randn(src_len, bsz, d, device=job["device"])
+    start = common.memory_start(job["device"])
+    out, _ = module(x, memory, memory, need_weights=False)
+    out.sum().backward()
+    return {"peak_memory_growth_mb": round(common.memory_peak_growth(job["device"], start), 1)}
 
 
 def markdown_table(report):
@@ -221,11 +249,25 @@ def main(argv=None):
             "params_extra": (results[variant]["params"] - results[BASELINE]["params"]
                              if BASELINE in results else None),
         }
+    scaling = {}
+    if "swapped" in variants:
+        # swapped's memory must grow as T x S x chunk, not T^2 x S: the module alone, each
+        # (variant, T) in a process of its own
+        for tgt_len in ((16, 32) if args.quick else (32, 64, 128, 256)):
+            scaling[tgt_len] = {
+                v: common.run_isolated(script, dict(mode="cross_attention_memory", variant=v,
+                                                    tgt_len=tgt_len, device=args.device,
+                                                    threads=args.threads),
+                                       args.threads)["peak_memory_growth_mb"]
+                for v in ("standard", "swapped")}
     report = {"benchmark": "seq2seq", "device": args.device, "fp16": args.fp16,
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "results": results, "ratios_vs_transformer": ratios,
+              "cross_attention_memory_mb_by_target_length": scaling,
               "targets": {"train_ratio_over_mac_ratio": "<= 1.15 (fusion, bridge)",
-                          "generate_speed_ratio": ">= 0.8 (fusion)"}}
+                          "generate_speed_ratio": ">= 0.8 (fusion)",
+                          "train_time_ratio": "<= 1.1 (inverted), <= 2 (swapped)",
+                          "generate_time_ratio": "<= 1.3 (swapped)"}}
     text = json.dumps(report, indent=2)
     print(text)
     for path, content in ((args.out, text), (args.markdown, markdown_table(report))):
