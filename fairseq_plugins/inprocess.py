@@ -51,3 +51,16 @@ def beam_search(model, task, src, lengths, beam=4, max_len_b=12, max_len_a=0):
                             max_len_b=max_len_b,
                             search_strategy=search.BeamSearch(task.target_dictionary))
     return gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+
+
+def build_language_model(arch, extra=(), dictionary=None, seed=0):
+    """(model, task, args) for a ``language_modeling`` ``arch`` over ``dictionary`` (or a tiny
+    one), as ``fairseq-train --task language_modeling`` would build it."""
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    args = parse_args(arch, extra, task="language_modeling")
+    dictionary = dictionary or make_dict(20, "w")
+    task = LanguageModelingTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    return model, task, args

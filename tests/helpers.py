@@ -14,6 +14,7 @@ if REPO not in sys.path:
 from fairseq_plugins.inprocess import (  # noqa: E402,F401  (re-exported for the tests)
     PLUGIN_DIR,
     beam_search,
+    build_language_model,
     build_translation_model,
     make_dict,
     parse_args,

@@ -63,10 +63,19 @@ class CausalCrossAttention(MultiheadAttention):
         bsz, _, length, _ = x.shape
         return x.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)
 
+    @staticmethod
+    def per_source(equation: str, hyp: Tensor, src: Tensor) -> Tensor:
+        """``torch.einsum(equation, hyp, src)`` where hyp has one row per hypothesis (B) and src
+        one row per source sentence (B_src, B = B_src x g, the g beams of a sentence adjacent):
+        the equation names hyp's rows "bg" and src's "b". Returns B x ... ."""
+        group = hyp.size(0) // src.size(0)
+        out = torch.einsum(equation, hyp.view(src.size(0), group, *hyp.shape[1:]), src)
+        return out.reshape(hyp.size(0), *out.shape[2:])
+
     def _read_weights(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
-        """Softmax over source positions of the decoder-query/source-key logits (float32):
-        B x H x T x S, as standard cross-attention."""
-        logits = upcast(torch.matmul(q, k.transpose(-1, -2)))
+        """Softmax over source positions of the decoder-query/source-key logits (at least
+        float32): B x H x T x S, as standard cross-attention."""
+        logits = upcast(self.per_source("bghtd,bhsd->bghts", q, k))
         if key_padding_mask is not None:
             logits = logits.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool),
                                         float("-inf"))
@@ -116,7 +125,8 @@ class CausalCrossAttention(MultiheadAttention):
         if "prev_key" in buffer:  # source projections cached at the first step
             source = {name: buffer[name] for name in self.source_keys}
         else:
-            source = self._project_source(key)
+            source = self._project_source(
+                self._one_row_per_sentence(key) if incremental_state is not None else key)
         state = {name: buffer[name] for name in self.causal_state_keys if name in buffer}
 
         q = self._heads(self.q_proj(query) * self.scaling)
@@ -133,15 +143,39 @@ class CausalCrossAttention(MultiheadAttention):
         weights = weights.transpose(0, 1)  # H x B x T x S
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
+    def _one_row_per_sentence(self, key: Tensor) -> Tensor:
+        """In beam search (fairseq sets ``beam_size``) the g beams of a sentence share the source:
+        keep one row per sentence (S x B/g x C), so that the cached source projections are
+        computed once and need no copy on beam steps. Checked, not assumed: rows that differ
+        within a group keep every row."""
+        beam = self.beam_size
+        length, bsz, dim = key.shape
+        if beam <= 1 or bsz % beam:
+            return key
+        grouped = key.view(length, bsz // beam, beam, dim)
+        first = grouped[:, :, :1]
+        return first[:, :, 0] if torch.equal(grouped, first.expand_as(grouped)) else key
+
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        """Reorder the cached source projections and the per-hypothesis state: unlike fairseq's
-        encoder-decoder attention, rows here are hypotheses, not source sentences."""
+        """Reorder the per-hypothesis state, and the cached source projections: those have one
+        row per hypothesis, or one per sentence in beam search (see
+        :meth:`_one_row_per_sentence`), where beam search only reorders hypotheses within a
+        sentence, so they change only when finished sentences leave the batch (as fairseq's
+        encoder-decoder attention)."""
         buffer = self._get_input_buffer(incremental_state)
-        if buffer:
-            buffer = {k: (v.index_select(0, new_order) if v is not None else None)
-                      for k, v in buffer.items()}
-            incremental_state = self._set_input_buffer(incremental_state, buffer)
-        return incremental_state
+        if not buffer:
+            return incremental_state
+        hypotheses = buffer[self.causal_state_keys[0]].size(0)
+        reordered = {}
+        for name, value in buffer.items():
+            group = 1 if name in self.causal_state_keys else hypotheses // value.size(0)
+            if group == 1:
+                reordered[name] = value.index_select(0, new_order)
+            elif new_order.size(0) == hypotheses:
+                reordered[name] = value
+            else:
+                reordered[name] = value.index_select(0, new_order.view(-1, group)[:, 0] // group)
+        return self._set_input_buffer(incremental_state, reordered)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Fine-tuning from a standard model: parameters this variant adds to fairseq's

@@ -28,7 +28,7 @@ class InvertedCrossAttention(CausalCrossAttention):
     def _attend(self, query, q, source, key_padding_mask: Optional[Tensor],
                 query_padding_mask: Optional[Tensor], state: Dict[str, Tensor]):
         k, v = source["prev_key"], source["prev_value"]
-        logits = upcast(torch.matmul(q, k.transpose(-1, -2)))  # B x H x T x S
+        logits = upcast(self.per_source("bghtd,bhsd->bghts", q, k))  # B x H x T x S
         bsz, _, _, src_len = logits.shape
         start = state.get("coverage")
         if start is None:
@@ -41,5 +41,5 @@ class InvertedCrossAttention(CausalCrossAttention):
             logits = logits.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool),
                                         float("-inf"))
         weights = torch.softmax(logits, dim=-1)
-        out = torch.matmul(self.dropout_module(weights).to(v.dtype), v)
+        out = self.per_source("bghts,bhsd->bghtd", self.dropout_module(weights).to(v.dtype), v)
         return out, weights, {"coverage": log_norm[:, :, -1]}

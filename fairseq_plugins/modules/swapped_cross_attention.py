@@ -65,7 +65,7 @@ class SwappedCrossAttention(CausalCrossAttention):
         read = self.dropout_module(weights)
         target_keys = self._heads(self.target_key_proj(query))
         values = upcast(self._heads(self.target_value_proj(query)))  # u: B x H x T x d
-        logits = upcast(torch.matmul(p, target_keys.transpose(-1, -2)))  # e: B x H x S x T
+        logits = upcast(self.per_source("bghtd,bhsd->bghst", target_keys, p))  # e: B x H x S x T
         logits = self._mask_target_padding(logits, query_padding_mask, target_dim=3)
         bsz, heads, src_len, tgt_len = logits.shape
 
@@ -94,5 +94,6 @@ class SwappedCrossAttention(CausalCrossAttention):
             log_norm = norm[..., -1]
         out = torch.cat(outs, dim=2)
         if self.source_values:
-            out = out + upcast(torch.matmul(read.to(source["prev_value"].dtype), source["prev_value"]))
+            v = source["prev_value"]
+            out = out + upcast(self.per_source("bghts,bhsd->bghtd", read.to(v.dtype), v))
         return out, weights, {"log_norm": log_norm, "slot_update": slot}

@@ -1,0 +1,175 @@
+"""What the two language models of SPEC section 3 share: flags, embeddings, output, init, counts.
+
+``gpt_baseline_lm`` and ``ar_encdec_lm`` are fairseq language models (``--task
+language_modeling``, ``fairseq-eval-lm``, LM generation): a :class:`CausalLMDecoder` subclass
+maps tokens (B x T) to logits (B x T x V) and supports fairseq's incremental decoding.
+Conventions of the reference: learned absolute positions, no embedding scaling, output tied to
+the token embedding without bias, init N(0, 0.02) with residual projections at
+0.02 / sqrt(2 L), optionally no bias anywhere (``--no-bias``).
+"""
+import argparse
+import logging
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
+
+from ..modules.lm_blocks import layer_norm
+
+logger = logging.getLogger(__name__)
+
+
+def add_lm_args(parser):
+    parser.add_argument("--embed-dim", type=int, metavar="D", help="model width d")
+    parser.add_argument("--layers", type=int, metavar="L", help="number of blocks (ar_encdec_lm: "
+                        "L encoder blocks and L decoder blocks)")
+    parser.add_argument("--attention-heads", type=int, metavar="H",
+                        help="(self-)attention heads; must divide --embed-dim")
+    parser.add_argument("--ffn-embed-dim", type=int, metavar="N",
+                        help="MLP hidden size (default: 4 x --embed-dim)")
+    parser.add_argument("--dropout", type=float, metavar="P",
+                        help="dropout on embeddings, attention weights and residual branches")
+    parser.add_argument("--bias", action=argparse.BooleanOptionalAction,
+                        help="biases in Linear layers and LayerNorms (--no-bias: none, as the "
+                             "reference's use_bias=false)")
+    parser.add_argument("--max-target-positions", type=int, metavar="N",
+                        help="context size: the positional table's length (default: "
+                             "--tokens-per-sample)")
+
+
+def base_lm_args(args, embed_dim, layers, heads):
+    args.embed_dim = getattr(args, "embed_dim", embed_dim)
+    args.layers = getattr(args, "layers", layers)
+    args.attention_heads = getattr(args, "attention_heads", heads)
+    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", None)
+    args.dropout = getattr(args, "dropout", 0.0)
+    args.bias = getattr(args, "bias", False)
+    args.max_target_positions = getattr(args, "max_target_positions", None)
+
+
+def validate_lm_args(args, task):
+    for name in ("embed_dim", "layers", "attention_heads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.embed_dim % args.attention_heads:
+        raise ValueError(f"--attention-heads={args.attention_heads} must divide "
+                         f"--embed-dim={args.embed_dim}")
+    if args.max_target_positions is None:
+        args.max_target_positions = getattr(args, "tokens_per_sample", None) or 1024
+    tokens = getattr(args, "tokens_per_sample", None)
+    if tokens is not None and tokens > args.max_target_positions:
+        raise ValueError(f"--tokens-per-sample={tokens} is longer than the positional table "
+                         f"(--max-target-positions={args.max_target_positions})")
+    if getattr(args, "add_bos_token", False):
+        # a BOS would take position 0 and shift the reference's positions
+        logger.info("--add-bos-token: the BOS token takes position 0")
+
+
+class CausalLMDecoder(FairseqIncrementalDecoder):
+    """Token + learned position embedding, a stack (subclasses), final LayerNorm, tied output.
+
+    ``positions`` rows are positions 0..context-1 (+ ``extra_positions`` rows the subclass reads).
+    Inputs are right-padded (fairseq's language_modeling default): a causal model never lets a
+    real token see the padding after it.
+    """
+
+    def __init__(self, args, dictionary, extra_positions: int = 0):
+        super().__init__(dictionary)
+        d, bias = args.embed_dim, args.bias
+        self.context = args.max_target_positions
+        self.embed_tokens = nn.Embedding(len(dictionary), d, padding_idx=dictionary.pad())
+        self.embed_positions = nn.Embedding(self.context + extra_positions, d)
+        self.dropout = nn.Dropout(args.dropout)
+        self.final_layer_norm = layer_norm(d, bias)
+        self.num_layers_for_init = args.layers
+
+    # -- shared steps ---------------------------------------------------------------------------
+    def positions(self, prev_output_tokens: Tensor, incremental_state) -> Tensor:
+        """0-based positions of the tokens this call processes (the last one when incremental)."""
+        length = prev_output_tokens.size(1)
+        if length > self.context:
+            raise ValueError(f"input of {length} tokens is longer than the context "
+                             f"(--max-target-positions={self.context})")
+        start = length - 1 if incremental_state is not None else 0
+        return torch.arange(start, length, device=prev_output_tokens.device)
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Token + position embedding (no scaling), B x T x C (before dropout)."""
+        return self.embed_tokens(tokens) + self.embed_positions(positions)[None]
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        return F.linear(features, self.embed_tokens.weight)
+
+    def max_positions(self):
+        return self.context
+
+    def init_weights(self):
+        """N(0, 0.02) for every Linear and Embedding, 0.02/sqrt(2L) for residual projections
+        (attention ``out_proj`` and MLP ``fc2``), zero biases; LayerNorms stay (1, 0)."""
+        residual_std = 0.02 / math.sqrt(2 * self.num_layers_for_init)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(("out_proj", "fc2")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        with torch.no_grad():
+            self.embed_tokens.weight[self.embed_tokens.padding_idx].zero_()
+
+    def reference_parameter_count(self) -> int:
+        """Parameters counted as the reference does: the tied embedding once, the positional
+        table not at all."""
+        unique = {id(p): p for p in self.parameters()}
+        return sum(p.numel() for p in unique.values()) - self.embed_positions.weight.numel()
+
+
+class CausalLM(FairseqLanguageModel):
+    """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`."""
+
+    decoder_class = None
+    arch_defaults = None
+
+    @classmethod
+    def build_model(cls, args, task):
+        cls.arch_defaults(args)
+        validate_lm_args(args, task)
+        cls.validate(args)
+        decoder = cls.decoder_class(args, task.target_dictionary)
+        decoder.init_weights()
+        _unregister_missing_parameters(decoder)
+        model = cls(decoder)
+        logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
+                    "positional table excluded)", args.arch,
+                    f"{decoder.reference_parameter_count():,}")
+        return model
+
+    @classmethod
+    def validate(cls, args):
+        """Model-specific build-time checks (subclasses)."""
+
+    def reference_parameter_count(self) -> int:
+        return self.decoder.reference_parameter_count()
+
+    def max_positions(self):
+        return self.decoder.max_positions()
+
+
+def _unregister_missing_parameters(module: nn.Module):
+    """Bias-free Linear/LayerNorm register ``bias = None``; fairseq's trainer catalogues shared
+    parameters by identity and would report every such None as one parameter "shared" by all of
+    them. Keep them as plain None attributes instead (forward reads them the same way)."""
+    for sub in module.modules():
+        for name in [n for n, p in sub._parameters.items() if p is None]:
+            del sub._parameters[name]
+            object.__setattr__(sub, name, None)
+
+
+def embedding_loss_requested(args) -> Optional[str]:
+    """The embedding loss the training criterion asks for, or None (also outside training)."""
+    kind = getattr(args, "embedding_loss", None)
+    return kind if getattr(args, "criterion", None) == "lm_embedding_loss" and kind not in (
+        None, "none") else None

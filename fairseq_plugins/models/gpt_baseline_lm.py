@@ -1,0 +1,67 @@
+"""``gpt_baseline_lm``: the decoder-only baseline of SPEC section 3 (GPT-2 style, pre-norm,
+learned positions, final LayerNorm, tied output, no biases by default)."""
+from torch import nn
+
+from ..modules.lm_blocks import PreNormBlock
+from ..registry import register_model, register_model_architecture
+from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args, \
+    embedding_loss_requested
+
+MODEL_NAME = "gpt_baseline_lm"
+
+
+class GPTBaselineDecoder(CausalLMDecoder):
+    """tokens B x T -> logits B x T x V through L pre-norm causal blocks."""
+
+    def __init__(self, args, dictionary):
+        super().__init__(args, dictionary)
+        ffn = args.ffn_embed_dim or 4 * args.embed_dim
+        self.layers = nn.ModuleList(
+            PreNormBlock(args.embed_dim, args.attention_heads, ffn, args.bias, args.dropout)
+            for _ in range(args.layers))
+
+    def extract_features(self, prev_output_tokens, incremental_state=None, **unused):
+        positions = self.positions(prev_output_tokens, incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        x = self.dropout(self.embed(prev_output_tokens, positions)).transpose(0, 1)
+        for layer in self.layers:
+            x = layer(x, incremental_state=incremental_state)
+        return self.final_layer_norm(x).transpose(0, 1), {"attn": [None]}
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only=False, **unused):
+        x, extra = self.extract_features(prev_output_tokens, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+
+@register_model(MODEL_NAME)
+class GPTBaselineLM(CausalLM):
+    decoder_class = GPTBaselineDecoder
+
+    @staticmethod
+    def add_args(parser):
+        add_lm_args(parser)
+
+    @classmethod
+    def validate(cls, args):
+        if embedding_loss_requested(args):
+            raise ValueError(f"--embedding-loss {args.embedding_loss} needs a model with an "
+                             f"encoder (ar_encdec_lm); {args.arch} is decoder-only: use "
+                             "--embedding-loss none or --criterion cross_entropy")
+
+
+def _preset(name, embed_dim, layers, heads):
+    def arch(args):
+        base_lm_args(args, embed_dim, layers, heads)
+
+    arch.__name__ = arch.__qualname__ = name
+    return register_model_architecture(MODEL_NAME, name)(arch)
+
+
+GPTBaselineLM.arch_defaults = staticmethod(_preset(MODEL_NAME, 160, 26, 5))
+# the reference's baselines (context 200, GPT-2 vocabulary): d=160 L=26 (5 heads: head dim 32)
+# and the smaller d=156 L=26 with 12 heads; *_tiny for tests and CPU runs
+_preset("gpt_baseline_lm_yif", 160, 26, 5)
+_preset("gpt_baseline_lm_yif_small", 156, 26, 12)
+_preset("gpt_baseline_lm_tiny", 32, 4, 4)

@@ -1,0 +1,262 @@
+"""Autoregressive encoder-decoder LM, its decoder-only baseline and the embedding-loss criterion."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import cli_env, run_cli
+from helpers import PLUGIN_DIR, SCRIPTS, build_language_model, make_dict
+
+from fairseq_plugins.criterions.lm_embedding_loss import LMEmbeddingLossCriterion, embedding_loss
+from fairseq_plugins.modules.lm_blocks import CausalAttention
+
+EMB = ["--criterion", "lm_embedding_loss", "--embedding-loss"]
+AR_OPTIONS = [[], ["--decoder-block-order", "alt"], ["--pos-embed-subtraction", "yes_ln"],
+              ["--pos-embed-subtraction", "yes_no_ln", "--ln-before-decoder-input",
+               "--add-pos-embed-to-decoder", "--bias"]]
+
+
+def _lm(arch, extra=(), context=16, seed=0):
+    model, task, args = build_language_model(arch, ["--tokens-per-sample", context, *extra],
+                                             seed=seed)
+    return model, task, args
+
+
+def _tokens(bsz=3, length=12, seed=0):
+    return torch.randint(4, 24, (bsz, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_reference_parameter_counts():
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "lm_param_report.py")],
+                          capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for count in ("15,763,500", "15,762,900", "16,036,800", "15,441,192"):
+        assert proc.stdout.count(count) == 2, proc.stdout  # measured and published agree
+    # and a different vocabulary changes exactly the embedding term
+    model, _, _ = build_language_model("gpt_baseline_lm_yif", ["--tokens-per-sample", 200],
+                                       make_dict(50257 - 4 - 10, "w"))
+    assert model.reference_parameter_count() == 16_036_800 - 10 * 160
+
+
+@pytest.mark.parametrize("arch,extra", [("ar_encdec_lm_tiny", e) for e in AR_OPTIONS]
+                         + [("gpt_baseline_lm_tiny", [])])
+def test_changing_token_t_never_changes_earlier_outputs(arch, extra):
+    model, _, _ = _lm(arch, extra)
+    model = model.double().eval()
+    tokens = _tokens()
+    logits, extra_out = model(tokens)
+    for t in range(1, tokens.size(1)):
+        changed = tokens.clone()
+        changed[:, t] = (changed[:, t] - 3) % 20 + 4
+        new_logits, new_extra = model(changed)
+        assert torch.equal(new_logits[:, :t], logits[:, :t])
+        assert not torch.equal(new_logits[:, t], logits[:, t])
+        if "encoder_out" in extra_out:
+            assert torch.equal(new_extra["encoder_out"][:, :t], extra_out["encoder_out"][:, :t])
+
+
+def test_cross_attention_reads_only_memory_up_to_t():
+    torch.manual_seed(0)
+    attn = CausalAttention(8, 2, bias=False).double()
+    x, memory = torch.randn(7, 2, 8).double(), torch.randn(7, 2, 8).double()
+    jac = torch.autograd.functional.jacobian(lambda m: attn(x, m), memory)
+    jac = jac.abs().amax(dim=(1, 2, 4, 5))  # T (out) x T (memory)
+    assert torch.equal(jac.triu(1), torch.zeros_like(jac))
+    assert (jac[torch.ones_like(jac).tril().bool()] > 0).all()
+
+
+@pytest.mark.parametrize("arch,extra", [("ar_encdec_lm_tiny", e) for e in AR_OPTIONS]
+                         + [("gpt_baseline_lm_tiny", [])])
+def test_incremental_equals_full_forward(arch, extra):
+    model, _, _ = _lm(arch, extra)
+    model = model.double().eval()
+    tokens = _tokens(length=16)
+    with torch.no_grad():
+        full = model(tokens)[0]
+        state, steps = {}, []
+        for t in range(tokens.size(1)):
+            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_pos_subtraction_uses_the_next_positions_row():
+    sub, _, _ = _lm("ar_encdec_lm_tiny", ["--pos-embed-subtraction", "yes_no_ln"])
+    plain, _, _ = _lm("ar_encdec_lm_tiny")
+    plain.load_state_dict(sub.state_dict())  # yes_no_ln adds no parameters
+    sub, plain = sub.double().eval(), plain.double().eval()
+    tokens = _tokens(length=10)
+    decoder = sub.decoder
+    rows = decoder.embed_positions.weight[1:11]  # rows t + 1 for t = 0..9
+    expected = plain(tokens)[0] - rows @ decoder.embed_tokens.weight.T
+    torch.testing.assert_close(sub(tokens)[0], expected, rtol=1e-10, atol=1e-10)
+    # row t (not t + 1) would give something else
+    wrong = plain(tokens)[0] - decoder.embed_positions.weight[:10] @ decoder.embed_tokens.weight.T
+    assert (sub(tokens)[0] - wrong).abs().max() > 1e-3
+
+
+def _criterion(task, kind, coeff=None):
+    return LMEmbeddingLossCriterion(task, sentence_avg=False, embedding_loss=kind,
+                                    embedding_loss_coeff=coeff)
+
+
+def _sample(tokens, pad):
+    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    target[-1, -3:] = pad  # a right-padded last row
+    return {"net_input": {"src_tokens": tokens, "src_lengths": None}, "target": target,
+            "ntokens": int(target.ne(pad).sum())}
+
+
+@pytest.mark.parametrize("kind", ["mse", "cosine"])
+def test_embedding_loss_equals_spec_formula(kind):
+    model, task, _ = _lm("ar_encdec_lm_tiny", EMB + [kind])
+    model = model.double().train()
+    tokens = _tokens(length=10)
+    sample = _sample(tokens, task.dictionary.pad())
+    crit = _criterion(task, kind, coeff=8.0)
+    loss, sample_size, log = crit(model, sample)
+
+    # the SPEC's formula written out position by position
+    dec = model.decoder
+    positions = torch.arange(10)
+    embedded = dec.embed_tokens(tokens) + dec.embed_positions(positions)[None]
+    e_ln = dec.embedding_loss_norms["embeddings"](embedded)
+    out = dec.embedding_loss_norms["encoder_out"](model(tokens)[1]["encoder_out"])
+    values = []
+    for b in range(tokens.size(0)):
+        for t in range(10):
+            if sample["target"][b, t] == task.dictionary.pad():
+                continue
+            avg = e_ln[b, :t + 1].mean(dim=0)
+            if kind == "mse":
+                values.append(((out[b, t] - avg) ** 2).mean())
+            else:
+                cos = torch.dot(out[b, t], avg) / (out[b, t].norm() * avg.norm())
+                values.append(1 - (cos + 1) / 2)
+    expected = torch.stack(values).mean()
+    ntokens = sample["ntokens"]
+    torch.testing.assert_close(log["emb_loss"] / ntokens, expected.detach(), rtol=1e-10, atol=1e-12)
+    ce = torch.nn.functional.cross_entropy(model(tokens)[0].transpose(1, 2), sample["target"],
+                                           ignore_index=task.dictionary.pad(), reduction="sum")
+    # (fairseq's log-softmax runs in float32: the cross-entropy agrees to float32 precision)
+    torch.testing.assert_close(loss, ce + 8.0 * expected * ntokens, rtol=1e-6, atol=1e-6)
+    assert sample_size == ntokens
+    # evaluation: cross-entropy only
+    model.eval()
+    loss_eval, _, log_eval = crit(model, sample)
+    assert "emb_loss" not in log_eval
+    torch.testing.assert_close(loss_eval.double(), ce.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_loss_gradients_reach_only_embeddings_and_its_norms():
+    model, task, _ = _lm("ar_encdec_lm_tiny", EMB + ["mse"])
+    model.train()
+    extra = model(_tokens())[1]["embedding_loss"]
+    embedding_loss(extra["embeddings"], extra["encoder_out"], "mse").backward()
+    with_grad = {n for n, p in model.named_parameters()
+                 if p.grad is not None and p.grad.abs().sum() > 0}
+    assert with_grad == {"decoder.embed_tokens.weight", "decoder.embed_positions.weight",
+                         "decoder.embedding_loss_norms.embeddings.weight",
+                         "decoder.embedding_loss_norms.embeddings.bias",
+                         "decoder.embedding_loss_norms.encoder_out.weight",
+                         "decoder.embedding_loss_norms.encoder_out.bias"}
+
+
+def test_cosine_embedding_loss_on_zero_vectors_is_defined():
+    zeros = torch.zeros(2, 5, 8, requires_grad=True)
+    value = embedding_loss(zeros, zeros, "cosine")
+    value.backward()
+    assert value.item() == 0.5 and torch.isfinite(zeros.grad).all()
+
+
+@pytest.mark.parametrize("arch,extra,error,message", [
+    ("gpt_baseline_lm_tiny", EMB + ["mse"], ValueError, "needs a model with an encoder"),
+    ("ar_encdec_lm_tiny", EMB + ["mse", "--embedding-loss-coeff", "0"], ValueError, "> 0"),
+    ("ar_encdec_lm_tiny", EMB + ["cosine", "--embedding-loss-coeff", "-1"], ValueError, "> 0"),
+    ("ar_encdec_lm_tiny", EMB + ["none", "--embedding-loss-coeff", "2"], ValueError, "is none"),
+    ("ar_encdec_lm_tiny", EMB + ["mse", "--no-embedding-loss-norms"], ValueError, "LayerNorms"),
+    ("ar_encdec_lm_tiny", ["--cross-attention-heads", "5"], ValueError, "must divide"),
+    ("ar_encdec_lm_tiny", ["--max-target-positions", "8"], ValueError, "longer than"),
+])
+def test_build_time_errors(arch, extra, error, message):
+    with pytest.raises(error, match=message):
+        model, task, args = _lm(arch, extra)
+        task.build_criterion(args)
+
+
+def test_context_longer_than_the_positional_table_is_an_error():
+    model, _, _ = _lm("ar_encdec_lm_tiny", context=8)
+    with pytest.raises(ValueError, match="longer than the context"):
+        model(_tokens(length=9))
+
+
+def test_beam_search_and_sampling_with_batch_and_beam():
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    for arch in ("ar_encdec_lm_tiny", "gpt_baseline_lm_tiny"):
+        model, task, _ = _lm(arch, context=24, seed=2)
+        model.eval()
+        prefix = _tokens(bsz=3, length=4)
+        sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.full((3,), 4)}}
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10,
+                                search_strategy=search.BeamSearch(task.target_dictionary))
+        with torch.no_grad():
+            hypos = gen.generate([model], sample, prefix_tokens=prefix)
+        for i, sent in enumerate(hypos):
+            assert len(sent) == 3
+            for hyp in sent:  # scores of the cached search == one full forward of the result
+                tokens = hyp["tokens"]
+                inp = torch.cat([tokens.new_tensor([task.dictionary.eos()]), tokens[:-1]])[None]
+                lprobs = model.get_normalized_probs(model(inp), log_probs=True)[0]
+                scores = lprobs.gather(-1, tokens[:, None])[:, 0]
+                torch.testing.assert_close(scores[4:], hyp["positional_scores"][4:],
+                                           rtol=1e-4, atol=1e-4)
+                assert torch.equal(tokens[:4], prefix[i])
+
+
+@pytest.fixture(scope="module")
+def lm_bin(tmp_path_factory):
+    """A small synthetic corpus prepared by scripts/prepare/lm.py (SentencePiece + binarised)."""
+    root = tmp_path_factory.mktemp("lm")
+    g = torch.Generator().manual_seed(0)
+    words = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "big", "small"]
+    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
+             for n in torch.randint(4, 14, (6000,), generator=g)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "lm.py"), "--text",
+                           root / "corpus.txt", "--name", "toy", "--vocab-size", "30"],
+                          capture_output=True, text=True, env=cli_env(), cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root / "data-bin" / "toy"
+
+
+def _train_lm(lm_bin, save_dir, arch, *extra):
+    out = run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+                  "--arch", arch, "--tokens-per-sample", "32", "--sample-break-mode", "none",
+                  "--optimizer", "adam", "--lr", "3e-3", "--batch-size", "8", "--max-update", "30",
+                  "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
+                  "--seed", "1", "--log-format", "simple", "--log-interval", "10", *extra)
+    return out, save_dir / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("ar_encdec_lm_tiny", EMB + ["mse", "--embedding-loss-coeff", "8",
+                                 "--pos-embed-subtraction", "yes_no_ln"]),
+    ("gpt_baseline_lm_tiny", []),
+])
+def test_train_eval_lm_and_generate_end_to_end(lm_bin, tmp_path, arch, extra):
+    log, ckpt = _train_lm(lm_bin, tmp_path / "ckpt", arch, *extra)
+    assert "emb_loss" in log if "mse" in extra else "emb_loss" not in log
+    out = run_cli("fairseq-eval-lm", lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
+    assert "Loss (base 2):" in out and "Perplexity:" in out
+    for mode in (["--beam", "3"], ["--sampling", "--sampling-topk", "5", "--beam", "2", "--nbest", "2"]):
+        out = run_cli("fairseq-generate", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                      "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
+                      "--batch-size", "4", "--max-len-b", "10", "--prefix-size", "3",
+                      "--sample-break-mode", "eos", "--gen-subset", "valid",
+                      "--max-sentences", "4", "--num-workers", "0", "--skip-invalid-size-inputs-valid-test",
+                      *mode)
+        hyps = [line for line in out.splitlines() if line.startswith("H-")]
+        assert len(hyps) >= 4, out[-2000:]
