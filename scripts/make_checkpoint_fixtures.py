@@ -17,7 +17,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_plugins.inprocess import build_translation_model, make_dict  # noqa: E402
+from fairseq_plugins.inprocess import (  # noqa: E402
+    build_language_model,
+    build_translation_model,
+    make_dict,
+)
 
 SIZES = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
          "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
@@ -37,6 +41,40 @@ FIXTURES = {
     "decoder_values_transformer": ("decoder_values_transformer_tiny",
                                    SIZES + ["--cross-attention-layers", "1"]),
 }
+LM_SIZES = ["--embed-dim", "16", "--layers", "2", "--attention-heads", "2",
+            "--tokens-per-sample", "16"]
+# language models: (arch, flags); the checkpoint's dictionary is dict.txt
+LM_FIXTURES = {
+    "ar_encdec_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "4", "--pos-embed-subtraction", "yes_ln", "--criterion",
+        "lm_embedding_loss", "--embedding-loss", "cosine"]),
+    "gpt_baseline_lm": ("gpt_baseline_lm_tiny", LM_SIZES),
+}
+
+
+def _save(out, args, model):
+    os.makedirs(out, exist_ok=True)
+    torch.save({"args": args, "model": model.state_dict(),
+                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                                       "optimizer_name": "none", "lr_scheduler_state": {},
+                                       "num_updates": 0}],
+                "extra_state": {"train_iterator": {"epoch": 1}}, "last_optimizer_state": None},
+               os.path.join(out, "checkpoint.pt"))
+
+
+def make_lm(name, arch, flags, out_root):
+    dictionary = make_dict(16, "w")
+    model, _, args = build_language_model(arch, flags, dictionary, seed=7)
+    args.data = "."
+    out = os.path.join(out_root, name)
+    _save(out, args, model)
+    dictionary.save(os.path.join(out, "dict.txt"))
+    model.eval()
+    tokens = torch.tensor([[4, 9, 11, 7, 2, 5], [6, 6, 13, 19, 8, 2]])
+    with torch.no_grad():
+        lprobs = model.get_normalized_probs(model(tokens), log_probs=True)
+    torch.save({"tokens": tokens, "lprobs": lprobs}, os.path.join(out, "expected.pt"))
+    print(f"{name}: {arch} -> {out}")
 
 
 def fixed_batch(dictionary):
@@ -58,13 +96,7 @@ def make(name, arch, flags, out_root):
         model.decoder.final_logits_bias.normal_()
     args.data = "."
     out = os.path.join(out_root, name)
-    os.makedirs(out, exist_ok=True)
-    torch.save({"args": args, "model": model.state_dict(),
-                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
-                                       "optimizer_name": "none", "lr_scheduler_state": {},
-                                       "num_updates": 0}],
-                "extra_state": {"train_iterator": {"epoch": 1}}, "last_optimizer_state": None},
-               os.path.join(out, "checkpoint.pt"))
+    _save(out, args, model)
     src_dict.save(os.path.join(out, "dict.src.txt"))
     tgt_dict.save(os.path.join(out, "dict.tgt.txt"))
     model.eval()
@@ -81,9 +113,10 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join("tests", "fixtures"))
     p.add_argument("--only", help="comma-separated fixture names (default: all)")
     args = p.parse_args(argv)
-    for name, (arch, flags) in FIXTURES.items():
-        if args.only is None or name in args.only.split(","):
-            make(name, arch, flags, args.out)
+    for fixtures, maker in ((FIXTURES, make), (LM_FIXTURES, make_lm)):
+        for name, (arch, flags) in fixtures.items():
+            if args.only is None or name in args.only.split(","):
+                maker(name, arch, flags, args.out)
     return 0
 
 

@@ -18,7 +18,8 @@ NAMES = sorted(os.listdir(FIXTURES))
 
 def test_every_architecture_family_has_a_fixture():
     assert {"fusion_transformer", "bridge_transformer", "fusion_bridge_transformer",
-            "opus_mt_de_en"} <= set(NAMES)
+            "opus_mt_de_en", "swapped_transformer", "inverted_transformer",
+            "decoder_values_transformer", "ar_encdec_lm", "gpt_baseline_lm"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -29,8 +30,11 @@ def test_stored_checkpoint_loads_and_reproduces_outputs(name):
     model = models[0].eval()
     expected = torch.load(os.path.join(d, "expected.pt"))
     with torch.no_grad():
-        out = model(expected["src_tokens"], expected["src_lengths"],
-                    expected["prev_output_tokens"])
+        if "tokens" in expected:  # a language model
+            out = model(expected["tokens"])
+        else:
+            out = model(expected["src_tokens"], expected["src_lengths"],
+                        expected["prev_output_tokens"])
         lprobs = model.get_normalized_probs(out, log_probs=True)
     torch.testing.assert_close(lprobs, expected["lprobs"], atol=1e-5, rtol=0)
 
@@ -53,3 +57,15 @@ def test_hub_interface_translate():
     translations = hub.translate(["s3 s4 s5", "s9 s1"])
     assert len(translations) == 2
     assert all(tok.startswith("t") for line in translations for tok in line.split())
+
+
+@pytest.mark.parametrize("name", ["ar_encdec_lm", "gpt_baseline_lm"])
+def test_lm_hub_interface_sample(name, tmp_path):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    d = os.path.join(FIXTURES, name)
+    cls = ARCH_MODEL_REGISTRY[f"{name}_tiny"]
+    hub = cls.from_pretrained(d, checkpoint_file="checkpoint.pt", data_name_or_path=d)
+    samples = hub.sample(["w3 w4", "w9 w1 w2"], beam=2, max_len_b=6)
+    assert len(samples) == 2 and samples[0].startswith("w3 w4")
+    assert all(tok.startswith("w") or tok == "<unk>" for s in samples for tok in s.split())

@@ -75,8 +75,29 @@ class SwappedCrossAttention(CausalCrossAttention):
         slot = state.get("slot_update")
         if slot is None:
             slot = values.new_zeros(bsz, heads, src_len, self.head_dim)
-        all_log_norms = torch.cat([log_norm.unsqueeze(-1), logits], dim=-1).logcumsumexp(-1)
+        if tgt_len == 1:  # one decoding step: the recurrence itself, fewer and smaller ops
+            out, log_norm, slot = self._step(upcast(read), logits[..., 0], values, log_norm, slot)
+        else:
+            out, log_norm, slot = self._chunked(upcast(read), logits, values, log_norm, slot)
+        if self.source_values:
+            v = source["prev_value"]
+            out = out + upcast(self.per_source("bghts,bhsd->bghtd", read.to(v.dtype), v))
+        return out, weights, {"log_norm": log_norm, "slot_update": slot}
 
+    @staticmethod
+    def _step(read, e, values, log_norm, slot):
+        """One target position: read B x H x 1 x S, e B x H x S, values B x H x 1 x d, state
+        log Z (B x H x S) and R (B x H x S x d) -> (slot contribution B x H x 1 x d, state)."""
+        new_norm = torch.logaddexp(log_norm, e)
+        slot = ((log_norm - new_norm).exp().unsqueeze(-1) * slot
+                + (e - new_norm).exp().unsqueeze(-1) * values)
+        return torch.matmul(read, slot), new_norm, slot
+
+    def _chunked(self, read, logits, values, log_norm, slot):
+        """All target positions (read B x H x T x S, logits e B x H x S x T, values B x H x T x d)
+        continuing from the state (log Z, R), chunk by chunk (see the module doc)."""
+        tgt_len = logits.size(-1)
+        all_log_norms = torch.cat([log_norm.unsqueeze(-1), logits], dim=-1).logcumsumexp(-1)
         outs = []
         for t0 in range(0, tgt_len, self.chunk_size):
             t1 = min(t0 + self.chunk_size, tgt_len)
@@ -86,14 +107,10 @@ class SwappedCrossAttention(CausalCrossAttention):
             future = torch.ones(t1 - t0, t1 - t0, dtype=torch.bool, device=e.device).triu(1)
             inner = (e.unsqueeze(-2) - norm.unsqueeze(-1)).masked_fill(future, float("-inf")).exp()
             decay = (log_norm.unsqueeze(-1) - norm).exp()  # Z_i(t0-1) / Z_i(t): B x H x S x C
-            r = upcast(read[:, :, t0:t1])  # B x H x C x S
+            r = read[:, :, t0:t1]  # B x H x C x S
             out = torch.matmul(r * decay.transpose(-1, -2), slot)
             out = out + torch.matmul(torch.einsum("bhti,bhitj->bhtj", r, inner), values[:, :, t0:t1])
             outs.append(out)
             slot = decay[..., -1:] * slot + torch.matmul(inner[..., -1, :], values[:, :, t0:t1])
             log_norm = norm[..., -1]
-        out = torch.cat(outs, dim=2)
-        if self.source_values:
-            v = source["prev_value"]
-            out = out + upcast(self.per_source("bghts,bhsd->bghtd", read.to(v.dtype), v))
-        return out, weights, {"log_norm": log_norm, "slot_update": slot}
+        return torch.cat(outs, dim=2), log_norm, slot

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Speed and memory of the language models against the decoder-only baseline, in one run (JSON).
+
+    python scripts/bench/lm.py [--quick] [--device cuda --fp16] [--out results/bench_lm_cpu.json]
+
+Training: tokens/s (median of timed windows of forward + backward + Adam step) of
+``ar_encdec_lm_yif`` (without and with the MSE embedding loss) against ``gpt_baseline_lm_yif``,
+the reference sizes with V = 50,257 and context 200, the variant and the baseline alternating in
+one process; peak memory growth of training in a process per model. Generation: tokens/s of
+continuing a 150-token context by 50 tokens with the incremental cache against recomputing the
+whole prefix every token (what a model without a cache costs), for both models. Ratios are the
+result; absolute numbers only mean something on a GPU.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+BASELINE = "gpt_baseline_lm"
+MODELS = {
+    BASELINE: ("gpt_baseline_lm_yif", []),
+    "ar_encdec_lm": ("ar_encdec_lm_yif", []),
+    "ar_encdec_lm_emb_mse": ("ar_encdec_lm_yif", ["--criterion", "lm_embedding_loss",
+                                                  "--embedding-loss", "mse"]),
+}
+
+
+class Bench:
+    def __init__(self, arch, flags, cfg, device, fp16):
+        from fairseq_plugins.inprocess import build_language_model, make_dict
+
+        dictionary = make_dict(cfg["vocab"] - 4, "w")
+        model, task, args = build_language_model(
+            arch, ["--tokens-per-sample", cfg["context"], *flags], dictionary, seed=1)
+        self.model = model.to(device=device, dtype=torch.float16 if fp16 else torch.float32)
+        self.criterion = task.build_criterion(args)
+        self.params = model.reference_parameter_count()
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(4, len(dictionary), (cfg["batch"], cfg["context"] + 1), generator=g)
+        tokens = tokens.to(device)
+        self.sample = {"net_input": {"src_tokens": tokens[:, :-1].contiguous(),
+                                     "src_lengths": None},
+                       "target": tokens[:, 1:].contiguous(), "ntokens": tokens[:, 1:].numel()}
+        self.prompt = tokens[:cfg["gen_batch"], :cfg["gen_context"]]
+        self.cfg = cfg
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4 if fp16 else 1e-8)
+
+    def train_step(self):
+        self.model.train()
+        loss, sample_size, _ = self.criterion(self.model, self.sample)
+        (loss / sample_size).backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def generate(self, cached=True):
+        """Greedy continuation by gen_tokens tokens (the same work as sampling)."""
+        self.model.eval()
+        tokens = self.prompt
+        state = {} if cached else None
+        with torch.no_grad():
+            if cached:  # feed the prompt through the cache one position at a time
+                for t in range(tokens.size(1) - 1):
+                    self.model.decoder(tokens[:, :t + 1], incremental_state=state)
+            for _ in range(self.cfg["gen_tokens"]):
+                logits, _ = self.model.decoder(tokens, incremental_state=state)
+                tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return tokens
+
+
+def worker(job):
+    torch.set_num_threads(job["threads"])
+    cfg, device, w = job["cfg"], job["device"], job["windows"]
+
+    def build(name):
+        return Bench(*job["models"][name], cfg, device, job["fp16"])
+
+    if job["mode"] == "memory":
+        bench = build(job["model"])
+        start = common.memory_start(device)
+        for _ in range(w["warmup"] + w["steps"]):
+            bench.train_step()
+        return {"params_reference_count": bench.params,
+                "train_peak_memory_growth_mb": round(common.memory_peak_growth(device, start), 1)}
+    if job["mode"] == "generate":
+        bench = build(job["model"])
+        times = {}
+        for cached in (True, False):
+            bench.generate(cached)  # warm-up
+            times[cached] = common.median(common.timed_windows(lambda: bench.generate(cached),
+                                                               w["gen"], 1, 0, device))
+        assert torch.equal(bench.generate(True), bench.generate(False)), "cache changed the output"
+        n = cfg["gen_batch"] * cfg["gen_tokens"]
+        return {"cached_tokens_per_second": n / times[True],
+                "recompute_tokens_per_second": n / times[False],
+                "cache_speedup": round(times[False] / times[True], 2)}
+    names = [job["baseline"], job["model"]]
+    benches = {n: build(n) for n in names}
+    times = {n: [] for n in names}
+    for n in names:
+        for _ in range(w["warmup"]):
+            benches[n].train_step()
+    for i in range(w["train"]):
+        for n in (names if i % 2 == 0 else names[::-1]):
+            times[n] += common.timed_windows(benches[n].train_step, 1, w["steps"], 0, device)
+    tokens = cfg["batch"] * cfg["context"]
+    return {n: {"train_seconds_per_update": common.median(times[n]),
+                "train_tokens_per_second": tokens / common.median(times[n])} for n in names}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    if args.fp16 and args.device == "cpu":
+        p.error("--fp16 needs --device cuda")
+    models = dict(MODELS)
+    if args.quick:  # the *_tiny presets instead of the reference sizes
+        models = {n: (arch.replace("_yif", "_tiny"), flags) for n, (arch, flags) in models.items()}
+        cfg = dict(vocab=500, context=32, batch=2, gen_batch=1, gen_context=8, gen_tokens=8)
+        windows = dict(train=2, steps=1, warmup=1, gen=1)
+    else:
+        cfg = dict(vocab=50257, context=200, batch=4, gen_batch=1, gen_context=150, gen_tokens=50)
+        windows = dict(train=5, steps=2, warmup=1, gen=3)
+    script = os.path.abspath(__file__)
+    job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
+               windows=windows, models=models)
+    results, ratios = {}, {}
+    for name in models:
+        print(f"[bench] {name}: memory, generation ...", file=sys.stderr, flush=True)
+        results[name] = common.run_isolated(script, dict(job, mode="memory", model=name),
+                                            args.threads)
+        results[name].update(common.run_isolated(script, dict(job, mode="generate", model=name),
+                                                 args.threads))
+    for name in models:
+        if name == BASELINE:
+            continue
+        print(f"[bench] {name} vs {BASELINE}: training (interleaved) ...", file=sys.stderr,
+              flush=True)
+        pair = common.run_isolated(script, dict(job, mode="train", model=name, baseline=BASELINE),
+                                   args.threads)
+        results[name].update(pair[name])
+        results[name]["baseline_in_same_process"] = pair[BASELINE]
+        base_mem = results[BASELINE]["train_peak_memory_growth_mb"]
+        ratios[name] = {
+            "train_tokens_per_second_ratio": round(pair[name]["train_tokens_per_second"]
+                                                   / pair[BASELINE]["train_tokens_per_second"], 3),
+            "memory_growth_ratio": round(results[name]["train_peak_memory_growth_mb"] / base_mem, 3)
+            if base_mem > 0 else None,
+        }
+    report = {"benchmark": "lm", "device": args.device, "fp16": args.fp16,
+              "threads": args.threads, "torch": torch.__version__, "config": cfg,
+              "windows": windows, "models": models,
+              "results": results, "ratios_vs_gpt_baseline_lm": ratios,
+              "cache_speedup": {n: results[n]["cache_speedup"] for n in models},
+              "targets": {"train_tokens_per_second_ratio": ">= 0.9 (ar_encdec_lm)",
+                          "cache_speedup": ">= 5"}}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
