@@ -270,3 +270,18 @@ def test_standard_checkpoint_finetunes_into_swapped_in_fairseq_train(scan_bin, t
     loss = lambda path: re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)",  # noqa: E731
                                    (path.parent / "train.log").read_text())
     assert loss(tuned)[0] == loss(standard)[-1]
+
+
+def test_generate_with_print_alignment_end_to_end(scan_bin):
+    """fairseq-train / fairseq-generate --print-alignment with a variant in the alignment layer."""
+    from conftest import run_cli, train
+    from helpers import PLUGIN_DIR
+    ckpt = train(scan_bin, "inverted_transformer_tiny", updates=5, name="xattn-inverted")
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "valid", "--beam", "3", "--batch-size", "16",
+                  "--max-len-b", "12", "--print-alignment", "--num-workers", "0",
+                  "--max-sentences", "16")
+    alignments = [line for line in out.splitlines() if line.startswith("A-")]
+    assert len(alignments) == 200
+    # every alignment pair is "source-target" with a source index inside the sentence
+    assert all("-" in pair for line in alignments for pair in line.split("\t")[1].split())

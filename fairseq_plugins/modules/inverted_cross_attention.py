@@ -35,7 +35,10 @@ class InvertedCrossAttention(CausalCrossAttention):
             start = self._initial_log_norm(bsz, src_len)
         seen = self._mask_target_padding(logits, query_padding_mask, target_dim=2)
         # log(e^b + sum_{j<=t} e^{s_ji}): the running normaliser continued over the new positions
-        log_norm = torch.cat([start.unsqueeze(2), seen], dim=2).logcumsumexp(dim=2)[:, :, 1:]
+        if seen.size(2) == 1:  # one decoding step (logcumsumexp's scan is slow for this)
+            log_norm = torch.logaddexp(start.unsqueeze(2), seen)
+        else:
+            log_norm = torch.cat([start.unsqueeze(2), seen], dim=2).logcumsumexp(dim=2)[:, :, 1:]
         logits = logits - log_norm
         if key_padding_mask is not None:
             logits = logits.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool),

@@ -89,8 +89,12 @@ class SwappedCrossAttention(CausalCrossAttention):
         """One target position: read B x H x 1 x S, e B x H x S, values B x H x 1 x d, state
         log Z (B x H x S) and R (B x H x S x d) -> (slot contribution B x H x 1 x d, state)."""
         new_norm = torch.logaddexp(log_norm, e)
-        slot = ((log_norm - new_norm).exp().unsqueeze(-1) * slot
-                + (e - new_norm).exp().unsqueeze(-1) * values)
+        decay = (log_norm - new_norm).exp().unsqueeze(-1)
+        weight = (e - new_norm).exp().unsqueeze(-1)
+        if torch.is_grad_enabled():
+            slot = torch.addcmul(slot * decay, weight, values)
+        else:  # generation: R is this step's own tensor (fresh or reordered): update in place
+            slot = slot.mul_(decay).addcmul_(weight, values)
         return torch.matmul(read, slot), new_norm, slot
 
     def _chunked(self, read, logits, values, log_norm, slot):
