@@ -206,3 +206,78 @@ def test_cognition_misaligned_compounds_are_an_error(tmp_path):
     assert proc.returncode == 2
     assert "cg-test.compound:10800: 'every cat' is not in its source sentence" in proc.stderr
     assert not (tmp_path / "data-bin").exists()
+
+
+def _cfq_release(root, examples, split_indices, corrupt=False):
+    """A CFQ-shaped cfq1.1.tar.gz (dataset.json + splits/mcd1.json) in root."""
+    import io
+    import tarfile
+
+    path = root / "cfq1.1.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, obj in (("cfq/dataset.json", examples), ("cfq/splits/mcd1.json", split_indices)):
+            data = json.dumps(obj).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    if corrupt:
+        path.write_bytes(path.read_bytes()[:60])
+    return path
+
+
+CFQ_EXAMPLES = [
+    {"questionPatternModEntities": "Did M0 marry M1's sibling?",
+     "sparqlPatternModEntities": "SELECT count(*) WHERE {\nM0 ns:people.person.spouse_s M1 .\n"
+                                 "?x0 ns:people.person.gender m.05zppz\n}"},
+    {"questionPatternModEntities": "Who directed M0",
+     "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 ns:film.director.film M0\n}"},
+    {"questionPatternModEntities": "Was M1 produced by M0",
+     "sparqlPatternModEntities": "SELECT count(*) WHERE {\nM1 ns:film.film.produced_by M0\n}"},
+]
+
+
+def test_cfq_from_release_archive(tmp_path):
+    _cfq_release(tmp_path, CFQ_EXAMPLES, {"trainIdxs": [0, 1], "devIdxs": [2], "testIdxs": [1]})
+    proc = _run("cfq.py", "--from", tmp_path, "--split", "mcd1", "--no-check-sizes", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = tmp_path / "data" / "cfq-mcd1"
+    assert (text / "train.in").read_text().splitlines() == [
+        "Did M0 marry M1 ' s sibling ?", "Who directed M0"]
+    assert (text / "train.out").read_text().splitlines()[0] == (
+        "SELECT count ( * ) WHERE { M0 people.person.spouse_s M1 . "
+        "?x0 people.person.gender m_05zppz }")
+    assert (text / "test.in").read_text() == "Who directed M0\n"
+    dest = tmp_path / "data-bin" / "cfq-mcd1"
+    assert _count(dest / "train.in-out.in", dest / "dict.in.txt") == 2
+    assert _count(dest / "valid.in-out.out", dest / "dict.out.txt") == 1
+    # the published sizes are checked unless told otherwise
+    proc = _run("cfq.py", "--from", tmp_path, "--split", "mcd1", "--force", cwd=tmp_path)
+    assert proc.returncode == 2 and "2 examples, the release has 95743" in proc.stderr
+
+
+def test_cfq_bad_inputs(tmp_path):
+    _cfq_release(tmp_path, CFQ_EXAMPLES, {"trainIdxs": [0], "devIdxs": [1]}, corrupt=True)
+    proc = _run("cfq.py", "--from", tmp_path, "--no-check-sizes", cwd=tmp_path)
+    assert proc.returncode == 2 and "cfq1.1.tar.gz" in proc.stderr and "corrupt" in proc.stderr
+    _cfq_release(tmp_path, CFQ_EXAMPLES, {"trainIdxs": [0], "devIdxs": [1]})
+    proc = _run("cfq.py", "--from", tmp_path, "--no-check-sizes", cwd=tmp_path)
+    assert proc.returncode == 2 and "has no testIdxs" in proc.stderr
+    _cfq_release(tmp_path, CFQ_EXAMPLES, {"trainIdxs": [0], "devIdxs": [7], "testIdxs": [1]})
+    proc = _run("cfq.py", "--from", tmp_path, "--no-check-sizes", cwd=tmp_path)
+    assert proc.returncode == 2 and "index 7 outside dataset.json" in proc.stderr
+    assert not (tmp_path / "data-bin").exists()
+
+
+CFQ_MCD1 = os.path.join(SHARED_DATA, "cfq_mcd1")
+
+
+@pytest.mark.skipif(not os.path.isdir(CFQ_MCD1), reason="../shared/data/cfq_mcd1 not present")
+def test_cfq_mcd1_real_preprocessed_files(tmp_path):
+    proc = _run("cfq.py", "--split", "mcd1", "--preprocessed-from", CFQ_MCD1, "--workers", "2",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "cfq-mcd1/train: 95743 examples" in proc.stdout
+    assert "cfq-mcd1/dev: 11968 examples" in proc.stdout and "no test subset" in proc.stdout
+    dest = tmp_path / "data-bin" / "cfq-mcd1"
+    assert _count(dest / "train.in-out.out", dest / "dict.out.txt") == 95743
+    assert _count(dest / "valid.in-out.in", dest / "dict.in.txt") == 11968
