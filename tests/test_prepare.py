@@ -281,3 +281,102 @@ def test_cfq_mcd1_real_preprocessed_files(tmp_path):
     dest = tmp_path / "data-bin" / "cfq-mcd1"
     assert _count(dest / "train.in-out.out", dest / "dict.out.txt") == 95743
     assert _count(dest / "valid.in-out.in", dest / "dict.in.txt") == 11968
+
+
+NEWSTEST = os.path.join(SHARED_DATA, "newstest")
+
+
+def _tgz(path, members):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.skipif(not os.path.isdir(NEWSTEST), reason="../shared/data/newstest not present")
+def test_wmt16_release_order_max_pairs_and_newstest(tmp_path):
+    import shutil
+
+    src = tmp_path / "release"
+    src.mkdir()
+    for year in (2015, 2016):
+        for lang in ("de", "en"):
+            shutil.copy(os.path.join(NEWSTEST, f"newstest{year}.{lang}"), src)
+    # three release archives (real newstest lines standing in for the training text)
+    lines = {lang: open(os.path.join(NEWSTEST, f"newstest2013.{lang}")).read().splitlines()
+             for lang in ("de", "en")}
+    parts = [("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en", 0, 120),
+             ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en", 120, 240),
+             ("training-parallel-nc-v11.tgz", "training-parallel-nc-v11/news-commentary-v11.de-en",
+              240, 400)]
+    for archive, member, a, b in parts:
+        de = lines["de"][a:b]
+        if a == 0:
+            de[5] = ""  # an empty side: dropped and counted
+        _tgz(src / archive, {f"{member}.de": "\n".join(de) + "\n",
+                             f"{member}.en": "\n".join(lines["en"][a:b]) + "\n"})
+    proc = _run("wmt16.py", "--from", src, "--max-pairs", "200", "--vocab-size", "500",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "train: 200 pairs (1 with an empty side dropped)" in proc.stdout
+    assert "valid (newstest2015): 2169 pairs" in proc.stdout
+    assert "test (newstest2016): 2999 pairs" in proc.stdout
+    text = tmp_path / "data" / "wmt16-de-en"
+    train_en = (text / "train.raw.en").read_text().splitlines()
+    # release order: all of Europarl (minus the empty pair), then Common Crawl from its start
+    assert train_en == lines["en"][:5] + lines["en"][6:201]
+    dest = tmp_path / "data-bin" / "wmt16-de-en"
+    assert _count(dest / "train.de-en.de", dest / "dict.de.txt") == 200
+    assert _count(dest / "test.de-en.en", dest / "dict.en.txt") == 2999
+    # a truncated archive is a clear error naming it
+    (src / "training-parallel-europarl-v7.tgz").write_bytes(
+        (src / "training-parallel-europarl-v7.tgz").read_bytes()[:100])
+    proc = _run("wmt16.py", "--from", src, "--max-pairs", "200", "--force", cwd=tmp_path)
+    assert proc.returncode == 2 and "training-parallel-europarl-v7.tgz" in proc.stderr
+
+
+def test_wmt16_opus_mt_dir_must_be_complete(tmp_path):
+    (tmp_path / "opus").mkdir()
+    (tmp_path / "opus" / "source.spm").write_text("x")
+    proc = _run("wmt16.py", "--opus-mt-dir", tmp_path / "opus", cwd=tmp_path)
+    assert proc.returncode == 2 and "missing target.spm, dict.de.txt, dict.en.txt" in proc.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(NEWSTEST), reason="../shared/data/newstest not present")
+def test_wmt16_with_opus_mt_pieces_and_dictionaries(tmp_path):
+    """--opus-mt-dir: the converted model's SentencePiece models and dictionaries are used as is
+    (here two small models trained on the spot stand in for opus-mt's)."""
+    import shutil
+
+    import sentencepiece as spm
+
+    src, opus = tmp_path / "release", tmp_path / "opus"
+    src.mkdir(), opus.mkdir()
+    for year in (2013, 2015, 2016):
+        for lang in ("de", "en"):
+            name = f"newstest{year}.{lang}"
+            shutil.copy(os.path.join(NEWSTEST, name),
+                        src / (f"train.{lang}" if year == 2013 else name))
+    for lang, side in (("de", "source"), ("en", "target")):
+        spm.SentencePieceTrainer.train(input=str(src / f"train.{lang}"),
+                                       model_prefix=str(opus / side), vocab_size=400,
+                                       minloglevel=2)
+        (opus / f"{side}.model").rename(opus / f"{side}.spm")
+        pieces = [line.split("\t")[0] for line in (opus / f"{side}.vocab").read_text().splitlines()]
+        (opus / f"dict.{lang}.txt").write_text("".join(f"{p} 1\n" for p in pieces[3:]))
+    proc = _run("wmt16.py", "--from", src, "--max-pairs", "100", "--opus-mt-dir", opus,
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    dest = tmp_path / "data-bin" / "wmt16-de-en"
+    for lang in ("de", "en"):  # the model's dictionaries, unchanged
+        assert (dest / f"dict.{lang}.txt").read_text() == (opus / f"dict.{lang}.txt").read_text()
+    processor = spm.SentencePieceProcessor(model_file=str(opus / "source.spm"))
+    first = open(os.path.join(NEWSTEST, "newstest2013.de")).readline().strip()
+    encoded = (tmp_path / "data" / "wmt16-de-en" / "train.de").read_text().splitlines()[0]
+    assert encoded == " ".join(processor.encode(first, out_type=str))
+    assert _count(dest / "train.de-en.en", dest / "dict.en.txt") == 100
