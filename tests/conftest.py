@@ -39,6 +39,24 @@ def scan_bin(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def lm_bin(tmp_path_factory):
+    """A small synthetic corpus prepared by scripts/prepare/lm.py (SentencePiece + binarised)."""
+    import torch
+
+    root = tmp_path_factory.mktemp("lm")
+    g = torch.Generator().manual_seed(0)
+    words = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "big", "small"]
+    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
+             for n in torch.randint(4, 14, (6000,), generator=g)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "lm.py"), "--text",
+                           root / "corpus.txt", "--name", "toy", "--vocab-size", "30"],
+                          capture_output=True, text=True, env=cli_env(), cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root / "data-bin" / "toy"
+
+
 def train(scan_bin, arch, *extra, updates=20, name=None):
     """fairseq-train --user-dir on the SCAN fixture; returns checkpoint_last.pt (log: train.log
     beside it)."""

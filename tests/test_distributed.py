@@ -18,25 +18,37 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _common(scan_bin, arch, save_dir, updates):
-    return [str(scan_bin / "bin"), "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu",
-            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "512",
-            "--max-update", str(updates), "--dropout", "0", "--attention-dropout", "0",
+# language models: their task, data and criterion flags (the data-bin is the lm_bin fixture)
+LM_FLAGS = {
+    "ar_encdec_lm_tiny": ["--task", "language_modeling", "--tokens-per-sample", "32",
+                          "--criterion", "lm_embedding_loss", "--embedding-loss", "mse",
+                          "--embedding-loss-coeff", "8", "--batch-size", "4"],
+    "gpt_baseline_lm_tiny": ["--task", "language_modeling", "--tokens-per-sample", "32",
+                             "--batch-size", "4"],
+}
+
+
+def _common(data, arch, save_dir, updates):
+    extra = LM_FLAGS.get(arch, ["--max-tokens", "512", "--attention-dropout", "0"])
+    return [str(data), "--user-dir", PLUGIN_DIR, "--arch", arch, "--cpu",
+            "--optimizer", "adam", "--lr", "1e-3", *extra,
+            "--max-update", str(updates), "--dropout", "0",
             "--seed", "1", "--num-workers", "0", "--no-epoch-checkpoints",
             "--disable-validation", "--save-dir", str(save_dir)]
 
 
-def _train_single(scan_bin, arch, save_dir, updates):
+def _train_single(data, arch, save_dir, updates):
     proc = subprocess.run([os.path.join(BIN, "fairseq-train"),
-                           *_common(scan_bin, arch, save_dir, updates), "--update-freq", "2"],
+                           *_common(data, arch, save_dir, updates), "--update-freq", "2"],
                           capture_output=True, text=True, env=cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
-def _train_two_processes(scan_bin, arch, save_dir, updates):
+def _train_two_processes(data, arch, save_dir, updates):
     port = _free_port()
     procs = [subprocess.Popen(
-        [os.path.join(BIN, "fairseq-train"), *_common(scan_bin, arch, save_dir, updates),
+        [os.path.join(BIN, "fairseq-train"), *_common(data, arch, save_dir, updates),
          "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
          "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-world-size",
          "2", "--distributed-rank", str(rank), "--distributed-no-spawn"],
@@ -56,13 +68,21 @@ def _max_param_diff(a, b):
 
 
 @pytest.mark.parametrize("arch,resume", [("fusion_transformer_tiny", True),
-                                         ("bridge_transformer_tiny", False)])
-def test_two_processes_equal_update_freq_two(scan_bin, tmp_path, arch, resume):
-    _train_single(scan_bin, arch, tmp_path / "single", updates=6)
+                                         ("bridge_transformer_tiny", False),
+                                         ("swapped_transformer_tiny", False),
+                                         ("decoder_values_transformer_tiny", False),
+                                         ("ar_encdec_lm_tiny", True),
+                                         ("gpt_baseline_lm_tiny", False)])
+def test_two_processes_equal_update_freq_two(request, tmp_path, arch, resume):
+    data = (request.getfixturevalue("lm_bin") if arch in LM_FLAGS
+            else request.getfixturevalue("scan_bin") / "bin")
+    single_log = _train_single(data, arch, tmp_path / "single", updates=6)
+    if arch == "ar_encdec_lm_tiny":  # the embedding loss is on, and logged
+        assert "emb_loss" in single_log
     if resume:  # 3 updates, stop, then the same command resumes to 6
-        _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=3)
-        log = _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=6)
+        _train_two_processes(data, arch, tmp_path / "dist", updates=3)
+        log = _train_two_processes(data, arch, tmp_path / "dist", updates=6)
         assert "Loaded checkpoint" in log and "@ 3 updates" in log
     else:
-        _train_two_processes(scan_bin, arch, tmp_path / "dist", updates=6)
+        _train_two_processes(data, arch, tmp_path / "dist", updates=6)
     assert _max_param_diff(tmp_path / "single", tmp_path / "dist") < 1e-5

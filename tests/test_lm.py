@@ -215,22 +215,6 @@ def test_beam_search_and_sampling_with_batch_and_beam():
                 assert torch.equal(tokens[:4], prefix[i])
 
 
-@pytest.fixture(scope="module")
-def lm_bin(tmp_path_factory):
-    """A small synthetic corpus prepared by scripts/prepare/lm.py (SentencePiece + binarised)."""
-    root = tmp_path_factory.mktemp("lm")
-    g = torch.Generator().manual_seed(0)
-    words = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "big", "small"]
-    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
-             for n in torch.randint(4, 14, (6000,), generator=g)]
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "lm.py"), "--text",
-                           root / "corpus.txt", "--name", "toy", "--vocab-size", "30"],
-                          capture_output=True, text=True, env=cli_env(), cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root / "data-bin" / "toy"
-
-
 def _train_lm(lm_bin, save_dir, arch, *extra):
     out = run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
                   "--arch", arch, "--tokens-per-sample", "32", "--sample-break-mode", "none",
