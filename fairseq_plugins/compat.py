@@ -78,6 +78,34 @@ def _fix_swish_activation():
     utils.get_activation_fn = get_activation_fn
 
 
+def _atomic_checkpoint_copies():
+    """fairseq writes the first checkpoint of a save atomically (``.tmp`` + rename) but *copies*
+    it to the others (``checkpoint_last.pt`` after ``checkpoint_best.pt``, or after
+    ``checkpoint_<epoch>_<updates>.pt``) in place: a run killed during that copy leaves a truncated
+    ``checkpoint_last.pt``, and the restarted run fails to load it. Copy to ``<name>.tmp`` and
+    rename, as the first write does, so every checkpoint file is always complete."""
+    from fairseq import checkpoint_utils
+    from fairseq.file_io import PathManager
+
+    if getattr(checkpoint_utils.PathManager, "atomic_copies", False):
+        return
+
+    class AtomicCopyPathManager(PathManager):
+        atomic_copies = True
+
+        @staticmethod
+        def copy(src_path, dst_path, overwrite=False):
+            if not PathManager.supports_rename(dst_path):
+                return PathManager.copy(src_path, dst_path, overwrite)
+            tmp = dst_path + ".tmp"
+            copied = PathManager.copy(src_path, tmp, overwrite=True)
+            if copied:
+                PathManager.rename(tmp, dst_path)
+            return copied
+
+    checkpoint_utils.PathManager = AtomicCopyPathManager
+
+
 def apply():
     """Apply every fix (safe to call any number of times)."""
     global _APPLIED
@@ -87,4 +115,5 @@ def apply():
         torch.serialization.add_safe_globals(_checkpoint_safe_globals())
     _add_numpy_aliases()
     _fix_swish_activation()
+    _atomic_checkpoint_copies()
     _APPLIED = True
