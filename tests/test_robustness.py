@@ -30,3 +30,53 @@ def test_interactive_handles_empty_input_lines(scan_bin):
     lines = out.splitlines()
     assert "S-1\t" in lines  # the empty line is translated as an empty source, not skipped
     assert sum(line.startswith("H-") for line in lines) == 3
+
+
+def test_over_long_sources_are_skipped_with_a_warning(scan_bin):
+    ckpt = train(scan_bin, "swapped_transformer_tiny", updates=3, name="long-sources")
+    # every valid source longer than 6 tokens is skipped (fairseq's own filter), the rest decoded
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "valid", "--beam", "2", "--max-len-b", "10",
+                  "--max-source-positions", "6", "--skip-invalid-size-inputs-valid-test",
+                  "--batch-size", "32", "--num-workers", "0")
+    assert "samples have invalid sizes and will be skipped" in out
+    decoded = sum(line.startswith("H-") for line in out.splitlines())
+    assert 0 < decoded < 200
+    out = run_cli("fairseq-interactive", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path",
+                  ckpt, "--source-lang", "in", "--target-lang", "out", "--beam", "2",
+                  "--max-len-b", "10", "--max-source-positions", "6",
+                  "--skip-invalid-size-inputs-valid-test",
+                  stdin="jump twice\nwalk left twice and run right thrice after look\n")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 1
+    assert "will be skipped" in out
+
+
+def test_data_bin_with_other_dictionaries_is_a_clear_error(scan_bin, tmp_path):
+    import shutil
+
+    ckpt = train(scan_bin, "inverted_transformer_tiny", updates=3, name="dict-mismatch")
+    other = tmp_path / "bin"
+    shutil.copytree(scan_bin / "bin", other)
+    with open(other / "dict.in.txt", "a") as f:
+        f.write("unseen-word 1\n")
+    proc = run_cli("fairseq-generate", other, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                   "--gen-subset", "valid", "--num-workers", "0", check=False)
+    assert proc.returncode != 0
+    assert "size mismatch for encoder.embed_tokens.weight" in proc.stdout + proc.stderr
+
+
+def test_non_finite_loss_is_caught_by_fairseqs_own_check(scan_bin, lm_bin, tmp_path):
+    """An exploding run (lr 1e30) stops with fairseq's FloatingPointError, for a seq2seq variant
+    and for the embedding-loss criterion: nothing here swallows non-finite values."""
+    runs = [(scan_bin / "bin", ["--arch", "swapped_transformer_tiny", "--max-tokens", "512"]),
+            (lm_bin, ["--task", "language_modeling", "--arch", "ar_encdec_lm_tiny",
+                      "--tokens-per-sample", "32", "--batch-size", "4", "--criterion",
+                      "lm_embedding_loss", "--embedding-loss", "cosine"])]
+    for i, (data, flags) in enumerate(runs):
+        proc = run_cli("fairseq-train", data, "--user-dir", PLUGIN_DIR, *flags, "--optimizer",
+                       "sgd", "--lr", "1e30", "--max-update", "20", "--save-dir",
+                       tmp_path / str(i), "--num-workers", "0", "--disable-validation",
+                       check=False)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "FloatingPointError" in out, out[-2000:]
+        assert not (tmp_path / str(i) / "checkpoint_last.pt").exists()
