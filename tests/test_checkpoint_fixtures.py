@@ -69,3 +69,45 @@ def test_lm_hub_interface_sample(name, tmp_path):
     samples = hub.sample(["w3 w4", "w9 w1 w2"], beam=2, max_len_b=6)
     assert len(samples) == 2 and samples[0].startswith("w3 w4")
     assert all(tok.startswith("w") or tok == "<unk>" for s in samples for tok in s.split())
+
+
+SEQ2SEQ = [n for n in NAMES if os.path.exists(os.path.join(FIXTURES, n, "dict.src.txt"))]
+
+
+@pytest.fixture(scope="module")
+def fixture_bins(tmp_path_factory):
+    """Every seq2seq fixture's dictionaries, a 4-pair test set binarised with them."""
+    root = tmp_path_factory.mktemp("fixture-bins")
+    bins = {}
+    for name in SEQ2SEQ:
+        d = os.path.join(FIXTURES, name)
+        shared = name.startswith("opus")
+        text = root / name
+        text.mkdir()
+        (text / "test.src").write_text("s3 s4 s5\ns1 s2\ns9 s8 s7 s6\ns10\n")
+        tgt = "s" if shared else "t"
+        (text / "test.tgt").write_text(f"{tgt}3 {tgt}4\n{tgt}1\n{tgt}9 {tgt}2 {tgt}5\n{tgt}7\n")
+        run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+                "--testpref", text / "test", "--srcdict", os.path.join(d, "dict.src.txt"),
+                "--tgtdict", os.path.join(d, "dict.tgt.txt"), "--destdir", text / "bin")
+        bins[name] = text / "bin"
+    return bins
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_stored_checkpoint_in_generate_validate_and_hub(name, fixture_bins):
+    from fairseq.hub_utils import from_pretrained
+
+    d = os.path.join(FIXTURES, name)
+    ckpt = os.path.join(d, "checkpoint.pt")
+    out = run_cli("fairseq-generate", fixture_bins[name], "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "test", "--beam", "3", "--max-len-b", "6", "--num-workers", "0",
+                  "--batch-size", "4", "--required-batch-size-multiple", "1")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 4
+    out = run_cli("fairseq-validate", fixture_bins[name], "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--valid-subset", "test", "--task", "translation", "--num-workers", "0",
+                  "--batch-size", "4", "--required-batch-size-multiple", "1")
+    assert "valid on 'test' subset" in out
+    hub = from_pretrained(d, checkpoint_file="checkpoint.pt", data_name_or_path=d,
+                          source_lang="src", target_lang="tgt")
+    assert len(hub["models"]) == 1 and hub["task"].source_dictionary is not None
