@@ -22,7 +22,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quickstart import PLUGIN_DIR, _cli, _count_params, _last_train_loss, _run  # noqa: E402
+from quickstart import (  # noqa: E402
+    PLUGIN_DIR,
+    _cli,
+    _count_params,
+    _last_train_loss,
+    _run,
+    train_command,
+)
 
 
 def score(metric, gen_log, args):
@@ -48,14 +55,8 @@ def run_one(arch, seed, args):
     os.makedirs(run_dir)
     ckpt = os.path.join(run_dir, "checkpoint_last.pt")
     start = time.time()
-    _run([_cli("fairseq-train"), args.data, "--user-dir", PLUGIN_DIR, "--arch", arch,
-          "--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-          "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
-          "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(args.max_tokens),
-          "--max-update", str(args.max_update), "--save-dir", run_dir, "--no-epoch-checkpoints",
-          "--disable-validation", "--seed", str(seed), "--num-workers", "0",
-          "--log-format", "json", "--log-interval", "100", *shlex.split(args.train_args)],
-         os.path.join(run_dir, "train.log"))
+    _run(train_command(args.data, arch, run_dir, args.lr, args.max_tokens, args.max_update, seed,
+                       shlex.split(args.train_args)), os.path.join(run_dir, "train.log"))
     train_s = time.time() - start
     gen_log = os.path.join(run_dir, f"generate-{args.gen_subset}.txt")
     spm = ["--bpe", "sentencepiece", "--sentencepiece-model", args.spm] if args.spm else []

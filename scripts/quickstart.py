@@ -51,6 +51,18 @@ def _run(cmd, log_path):
         raise SystemExit(f"quickstart: command failed ({' '.join(cmd[:2])} ...), see {log_path}:\n{tail}")
 
 
+def train_command(data, arch, run_dir, lr, max_tokens, max_update, seed, extra=()):
+    """The quickstart's fairseq-train recipe: Adam, inverse-sqrt schedule with 200 warm-up
+    updates, no dropout, no validation, JSON logs every 100 updates."""
+    return [_cli("fairseq-train"), data, "--user-dir", PLUGIN_DIR, "--arch", arch,
+            "--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+            "--lr", str(lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
+            "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(max_tokens),
+            "--max-update", str(max_update), "--save-dir", run_dir, "--no-epoch-checkpoints",
+            "--disable-validation", "--seed", str(seed), "--num-workers", "0",
+            "--log-format", "json", "--log-interval", "100", *extra]
+
+
 def train_and_evaluate(arch, data, out_dir, args):
     from fairseq_plugins.metrics.exact_match import exact_match
     from fairseq_plugins.metrics.generate_log import read_generate_log
@@ -61,14 +73,8 @@ def train_and_evaluate(arch, data, out_dir, args):
     os.makedirs(run_dir)
     ckpt = os.path.join(run_dir, "checkpoint_last.pt")
     start = time.time()
-    _run([_cli("fairseq-train"), data, "--user-dir", PLUGIN_DIR, "--arch", arch,
-          "--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-          "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
-          "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(args.max_tokens),
-          "--max-update", str(args.max_update), "--save-dir", run_dir, "--no-epoch-checkpoints",
-          "--disable-validation", "--seed", str(args.seed), "--num-workers", "0",
-          "--log-format", "json", "--log-interval", "100"],
-         os.path.join(run_dir, "train.log"))
+    _run(train_command(data, arch, run_dir, args.lr, args.max_tokens, args.max_update,
+                       args.seed), os.path.join(run_dir, "train.log"))
     train_s = time.time() - start
     train_loss = _last_train_loss(os.path.join(run_dir, "train.log"))
     gen_log = os.path.join(run_dir, f"generate-{args.gen_subset}.txt")

@@ -77,3 +77,22 @@ def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
     expected = ["Stopping training due to num_updates: 3 >= max_update: 3"]
     assert stops == expected
     assert run()[1] == expected
+
+
+def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
+    cmd = [sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"), "--data", scan_bin / "bin",
+           "--archs", "transformer_tiny", "--seeds", "1,2", "--max-update", "3",
+           "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "64", "--out-dir", "cmp"]
+    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=cli_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    (summary,) = report["summary"]
+    assert summary["arch"] == "transformer_tiny" and summary["seeds"] == [1, 2]
+    assert len(summary["values"]) == 2 and summary["params"] > 0
+    log = tmp_path / "cmp" / "transformer_tiny-seed1" / "train.log"
+    stamp = log.stat().st_mtime
+    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=cli_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and log.stat().st_mtime == stamp  # finished runs not repeated
+    assert "| transformer_tiny |" in (tmp_path / "cmp" / "results.md").read_text()

@@ -88,11 +88,6 @@ class ArEncDecDecoder(CausalLMDecoder):
             }
         return x.transpose(0, 1), extra
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only=False, **unused):
-        x, extra = self.extract_features(prev_output_tokens, incremental_state)
-        return (x if features_only else self.output_layer(x)), extra
-
 
 @register_model(MODEL_NAME)
 class ArEncDecLM(CausalLM):

@@ -101,6 +101,16 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
         """Token + position embedding (no scaling), B x T x C (before dropout)."""
         return self.embed_tokens(tokens) + self.embed_positions(positions)[None]
 
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only=False, **unused):
+        """tokens B x T (with an incremental state: all tokens so far, the last one new) ->
+        (logits B x T x V, or features with ``features_only``; extra dict)."""
+        x, extra = self.extract_features(prev_output_tokens, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def extract_features(self, prev_output_tokens, incremental_state=None, **unused):
+        raise NotImplementedError
+
     def output_layer(self, features: Tensor) -> Tensor:
         return F.linear(features, self.embed_tokens.weight)
 

@@ -29,11 +29,6 @@ class GPTBaselineDecoder(CausalLMDecoder):
             x = layer(x, incremental_state=incremental_state)
         return self.final_layer_norm(x).transpose(0, 1), {"attn": [None]}
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only=False, **unused):
-        x, extra = self.extract_features(prev_output_tokens, incremental_state)
-        return (x if features_only else self.output_layer(x)), extra
-
 
 @register_model(MODEL_NAME)
 class GPTBaselineLM(CausalLM):

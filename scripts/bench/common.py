@@ -68,3 +68,30 @@ def run_isolated(script, worker_args, threads):
 
 def median(xs):
     return statistics.median(xs)
+
+
+def bench_parser(description):
+    """The options every benchmark script shares (its own are added by the caller)."""
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_bench_args(parser, worker, argv=None):
+    """Parsed options, or None after running the ``--worker`` job (its JSON on stdout)."""
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return None
+    if args.fp16 and args.device == "cpu":
+        parser.error("--fp16 needs --device cuda")
+    return args

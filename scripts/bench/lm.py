@@ -11,7 +11,6 @@ continuing a 150-token context by 50 tokens with the incremental cache against r
 whole prefix every token (what a model without a cache costs), for both models. Ratios are the
 result; absolute numbers only mean something on a GPU.
 """
-import argparse
 import json
 import os
 import sys
@@ -113,19 +112,9 @@ def worker(job):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--out", help="also write the JSON here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+    args = common.parse_bench_args(common.bench_parser(__doc__.split("\n\n")[0]), worker, argv)
+    if args is None:
         return 0
-    if args.fp16 and args.device == "cpu":
-        p.error("--fp16 needs --device cuda")
     models = dict(MODELS)
     if args.quick:  # the *_tiny presets instead of the reference sizes
         models = {n: (arch.replace("_yif", "_tiny"), flags) for n, (arch, flags) in models.items()}

@@ -17,7 +17,6 @@ over the lower states, the issue's FLOP model) and ``mac_ratio_implemented`` the
 FuseAttention runs; for the bridge both are N_dec x N x d^2 per source token. Absolute numbers
 are only meaningful on a GPU; ratios are the result.
 """
-import argparse
 import json
 import os
 import sys
@@ -188,21 +187,12 @@ def markdown_table(report):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p = common.bench_parser(__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--markdown", help="also write a markdown table of the ratios here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+    args = common.parse_bench_args(p, worker, argv)
+    if args is None:
         return 0
-    if args.fp16 and args.device == "cpu":
-        p.error("--fp16 needs --device cuda")
 
     if args.quick:
         cfg = dict(layers=2, d=64, ffn=128, heads=4, vocab=500, src_len=16, tgt_len=16,
