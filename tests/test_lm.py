@@ -244,3 +244,7 @@ def test_train_eval_lm_and_generate_end_to_end(lm_bin, tmp_path, arch, extra):
                       *mode)
         hyps = [line for line in out.splitlines() if line.startswith("H-")]
         assert len(hyps) >= 4, out[-2000:]
+    out = run_cli("fairseq-interactive", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                  "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
+                  "--beam", "2", "--max-len-b", "8", stdin="▁the ▁cat\n▁a\n")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 2
