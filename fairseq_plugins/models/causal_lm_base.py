@@ -51,7 +51,7 @@ def base_lm_args(args, embed_dim, layers, heads):
     args.max_target_positions = getattr(args, "max_target_positions", None)
 
 
-def validate_lm_args(args, task):
+def validate_lm_args(args):
     for name in ("embed_dim", "layers", "attention_heads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -64,9 +64,6 @@ def validate_lm_args(args, task):
     if tokens is not None and tokens > args.max_target_positions:
         raise ValueError(f"--tokens-per-sample={tokens} is longer than the positional table "
                          f"(--max-target-positions={args.max_target_positions})")
-    if getattr(args, "add_bos_token", False):
-        # a BOS would take position 0 and shift the reference's positions
-        logger.info("--add-bos-token: the BOS token takes position 0")
 
 
 class CausalLMDecoder(FairseqIncrementalDecoder):
@@ -146,7 +143,7 @@ class CausalLM(FairseqLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         cls.arch_defaults(args)
-        validate_lm_args(args, task)
+        validate_lm_args(args)
         cls.validate(args)
         decoder = cls.decoder_class(args, task.target_dictionary)
         decoder.init_weights()

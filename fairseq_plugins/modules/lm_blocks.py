@@ -52,12 +52,11 @@ class CausalAttention(nn.Module):
         if incremental_state is not None:
             cache = self.get_incremental_state(incremental_state, "cache")
             if cache is not None:
+                if length > 1:
+                    raise NotImplementedError("incremental calls take one new position")
                 k = torch.cat([cache["k"], k], dim=2)
                 v = torch.cat([cache["v"], v], dim=2)
-                # the new positions are the last ones: they read all of the cache
-                causal = length > 1
-                if causal:
-                    raise NotImplementedError("incremental calls take one new position")
+                causal = False  # the one new position reads all of the cache
             self.set_incremental_state(incremental_state, "cache", {"k": k, "v": v})
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                              dropout_p=self.dropout if self.training else 0.0)
