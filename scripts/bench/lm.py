@@ -120,10 +120,12 @@ def worker(job):
                 "train_tokens_per_second": tokens / common.median(times[n])} for n in names}
 
 
-def main(argv=None):
-    args = common.parse_bench_args(common.bench_parser(__doc__.split("\n\n")[0]), worker, argv)
-    if args is None:
-        return 0
+def parser():
+    return common.bench_parser(__doc__.split("\n\n")[0])
+
+
+def run(args):
+    """The report (a dict) for parsed options; also used by run.py."""
     models = dict(MODELS)
     if args.quick:  # the *_tiny presets instead of the reference sizes
         models = {n: (arch.replace("_yif", "_tiny"), flags) for n, (arch, flags) in models.items()}
@@ -165,6 +167,32 @@ def main(argv=None):
               "cache_speedup": {n: results[n]["cache_speedup"] for n in models},
               "targets": {"train_tokens_per_second_ratio": ">= 0.9 (ar_encdec_lm)",
                           "cache_speedup": ">= 5"}}
+    return report
+
+
+def markdown_table(report):
+    c = report["config"]
+    lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
+             f"torch {report['torch']}: vocabulary {c['vocab']:,}, context {c['context']}, "
+             f"batch {c['batch']}; generation: batch {c['gen_batch']}, {c['gen_tokens']} tokens "
+             f"after a {c['gen_context']}-token prompt. Ratios to `{BASELINE}` in the same "
+             "process.", "",
+             "| model | training tokens/s ratio | training peak-memory growth ratio | "
+             "cached generation tokens/s | cache speedup over recomputing |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in report["results"].items():
+        ratio = report["ratios_vs_gpt_baseline_lm"].get(name, {})
+        lines.append(f"| {name} | {ratio.get('train_tokens_per_second_ratio', 1.0):.3f} | "
+                     f"{ratio.get('memory_growth_ratio', 1.0) or float('nan'):.3f} | "
+                     f"{r['cached_tokens_per_second']:.1f} | **{r['cache_speedup']:.2f}** |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = common.parse_bench_args(parser(), worker, argv)
+    if args is None:
+        return 0
+    report = run(args)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -186,14 +186,15 @@ def markdown_table(report):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def parser():
     p = common.bench_parser(__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--markdown", help="also write a markdown table of the ratios here")
-    args = common.parse_bench_args(p, worker, argv)
-    if args is None:
-        return 0
+    return p
 
+
+def run(args):
+    """The report (a dict) for parsed options; also used by run.py."""
     if args.quick:
         cfg = dict(layers=2, d=64, ffn=128, heads=4, vocab=500, src_len=16, tgt_len=16,
                    max_tokens=512, gen_sentences=8)
@@ -258,6 +259,14 @@ def main(argv=None):
                           "generate_speed_ratio": ">= 0.8 (fusion)",
                           "train_time_ratio": "<= 1.1 (inverted), <= 2 (swapped)",
                           "generate_time_ratio": "<= 1.3 (swapped)"}}
+    return report
+
+
+def main(argv=None):
+    args = common.parse_bench_args(parser(), worker, argv)
+    if args is None:
+        return 0
+    report = run(args)
     text = json.dumps(report, indent=2)
     print(text)
     for path, content in ((args.out, text), (args.markdown, markdown_table(report))):

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The whole benchmark suite in one command: every registered architecture against its fairseq
+baseline in the same run, the scaling curves, and the targets checked (JSON + markdown + PNG).
+
+    python scripts/bench/run.py [--quick] [--device cuda --fp16] [--out results/bench.json]
+        [--markdown results/bench.md] [--plot results/bench_scaling.png] [--only seq2seq,lm]
+
+Runs ``seq2seq.py`` (transformer vs fusion enc/dec/both, bridge, the three cross-attention
+variants: training tokens/s, beam-5 generation, peak memory), ``lm.py`` (gpt_baseline_lm vs
+ar_encdec_lm with and without the embedding loss; cached vs recomputed generation at context 200)
+and ``scaling.py`` (time per update against length and depth, with the MAC model), then checks
+the targets of the architecture issues. Every figure is a ratio to a baseline measured in the
+same process; absolute numbers are printed but only mean something on a GPU. On a GPU, commit
+the JSON under its own name, e.g. ``--out results/bench_cuda_fp16.json``. No timing is ever
+asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import lm  # noqa: E402
+import scaling  # noqa: E402
+import seq2seq  # noqa: E402
+
+PARTS = {"seq2seq": seq2seq, "lm": lm, "scaling": scaling}
+
+
+def check(name, value, op, threshold, source):
+    met = value is not None and (value <= threshold if op == "<=" else value >= threshold)
+    return {"target": name, "measured": value, "required": f"{op} {threshold}", "met": met,
+            "from": source}
+
+
+def targets(parts):
+    """The issues' targets as rows {target, measured, required, met}."""
+    rows = []
+    if "seq2seq" in parts:
+        ratios = parts["seq2seq"]["ratios_vs_transformer"]
+        for v in ("fusion", "fusion_enc", "fusion_dec", "bridge"):
+            if v in ratios:
+                rows.append(check(f"{v}: training time / (transformer time x MAC-model ratio)",
+                                  ratios[v]["train_ratio_over_mac_ratio"], "<=", 1.15, "seq2seq"))
+        for v in ("fusion", "fusion_enc", "fusion_dec"):
+            if v in ratios:
+                rows.append(check(f"{v}: generation speed / transformer's",
+                                  ratios[v]["generate_speed_ratio"], ">=", 0.8, "seq2seq"))
+        if "inverted" in ratios:
+            rows.append(check("inverted: training time / transformer's",
+                              ratios["inverted"]["train_time_ratio"], "<=", 1.1, "seq2seq"))
+            rows.append(check("inverted: generation time / transformer's",
+                              round(1 / ratios["inverted"]["generate_speed_ratio"], 3), "<=",
+                              1.1, "seq2seq"))
+        if "swapped" in ratios:
+            rows.append(check("swapped: training time / transformer's",
+                              ratios["swapped"]["train_time_ratio"], "<=", 2.0, "seq2seq"))
+            rows.append(check("swapped: generation time / transformer's",
+                              round(1 / ratios["swapped"]["generate_speed_ratio"], 3), "<=", 1.3,
+                              "seq2seq"))
+    if "lm" in parts:
+        report = parts["lm"]
+        for name, r in report["ratios_vs_gpt_baseline_lm"].items():
+            rows.append(check(f"{name}: training tokens/s / gpt_baseline_lm's",
+                              r["train_tokens_per_second_ratio"], ">=", 0.9, "lm"))
+        for name, speedup in report["cache_speedup"].items():
+            rows.append(check(f"{name}: cached generation / recomputing the context", speedup,
+                              ">=", 5.0, "lm"))
+    return rows
+
+
+def markdown(report):
+    lines = [f"# Benchmark suite ({report['device']}{' fp16' if report['fp16'] else ''}, "
+             f"{report['threads']} threads, torch {report['torch']})", "",
+             f"Command: `{report['command']}`", ""]
+    if report["quick"]:
+        lines += ["**--quick: tiny sizes and single windows; the figures below show that the suite "
+                  "runs, not what anything costs.**", ""]
+    lines += ["## Targets", "",
+             "| target | measured | required | met |", "|---|---:|---:|:---:|"]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {t['required']} | "
+                     f"{'yes' if t['met'] else '**no**'} |")
+    titles = {"seq2seq": "Sequence-to-sequence models", "lm": "Language models",
+              "scaling": "Scaling with length and depth"}
+    for name, part in report["parts"].items():
+        lines += ["", f"## {titles[name]}", "", PARTS[name].markdown_table(part)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = common.bench_parser(__doc__.split("\n\n")[0])
+    p.set_defaults(out=os.path.join(common.REPO, "results", "bench.json"))
+    p.add_argument("--markdown", default=os.path.join(common.REPO, "results", "bench.md"),
+                   help="the markdown tables (default: results/bench.md)")
+    p.add_argument("--plot", default=os.path.join(common.REPO, "results", "bench_scaling.png"),
+                   help="the scaling curves as a PNG (default: results/bench_scaling.png)")
+    p.add_argument("--only", default=",".join(PARTS),
+                   help=f"comma-separated subset of {', '.join(PARTS)}")
+    args = p.parse_args(argv)
+    if args.fp16 and args.device == "cpu":
+        p.error("--fp16 needs --device cuda")
+    only = args.only.split(",")
+    unknown = sorted(set(only) - set(PARTS))
+    if unknown:
+        p.error(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    shared = ["--device", args.device, "--threads", str(args.threads)]
+    shared += ["--quick"] * args.quick + ["--fp16"] * args.fp16
+    parts = {}
+    for name in only:
+        print(f"[bench] === {name} ===", file=sys.stderr, flush=True)
+        parts[name] = PARTS[name].run(PARTS[name].parser().parse_args(shared))
+    report = {"benchmark": "suite", "device": args.device, "fp16": args.fp16,
+              "threads": args.threads, "torch": torch.__version__, "quick": args.quick,
+              "command": " ".join(["python scripts/bench/run.py", *sys.argv[1:]]
+                                  if argv is None else ["python scripts/bench/run.py", *argv]),
+              "targets": targets(parts), "parts": parts}
+    text = json.dumps(report, indent=2)
+    print(text)
+    for path, content in ((args.out, text + "\n"), (args.markdown, markdown(report))):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(content)
+    if "scaling" in parts and args.plot:
+        scaling.plot(parts["scaling"], args.plot)
+    missed = [t["target"] for t in report["targets"] if not t["met"]]
+    print(f"[bench] wrote {args.out}, {args.markdown}"
+          + (f", {args.plot}" if "scaling" in parts else "")
+          + f"; targets missed: {len(missed)} of {len(report['targets'])}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
