@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Training and validation curves of several fairseq runs, from their ``--log-format json`` logs.
+
+    python scripts/plot_curves.py run1/train.log run2/train.log --labels A,B --out curves.png \\
+        [--nats] [--json curves.json]
+
+Reads the ``train_inner`` records (training loss every ``--log-interval`` updates) and the
+``valid`` records (validation loss after each epoch or ``--validate-interval-updates``) that
+fairseq-train prints with ``--log-format json`` (to stdout or ``--log-file``), and draws loss
+against updates: one colour per run, training solid, validation dashed with markers. fairseq logs
+losses in bits (base 2); ``--nats`` converts them (x ln 2). Without matplotlib, ``--json`` still
+writes the curves.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def read_curves(path):
+    """{'train': [(update, loss)], 'valid': [(update, loss)]} from one fairseq JSON log."""
+    curves = {"train": [], "valid": []}
+    with open(path, errors="replace") as f:
+        for line in f:
+            for tag, kind, update_key, loss_key in (
+                    ("| train_inner | ", "train", "num_updates", "loss"),
+                    ("| valid | ", "valid", "valid_num_updates", "valid_loss")):
+                if tag in line:
+                    try:
+                        record = json.loads(line.split(tag, 1)[1])
+                        curves[kind].append((int(float(record[update_key])),
+                                             float(record[loss_key])))
+                    except (ValueError, KeyError):
+                        pass  # a record without these fields (or a truncated line)
+    return curves
+
+
+def plot(curves, labels, out, unit="bits", title=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, c) in enumerate(zip(labels, curves)):
+        color = colors[i % len(colors)]
+        if c["train"]:
+            ax.plot(*zip(*c["train"]), "-", color=color, label=f"{label} train")
+        if c["valid"]:
+            ax.plot(*zip(*c["valid"]), "--o", color=color, markersize=3, label=f"{label} valid")
+    ax.set(xlabel="updates", ylabel=f"loss ({unit} per token)", title=title or "")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def curves_for(logs, nats=False):
+    curves = [read_curves(p) for p in logs]
+    if nats:
+        curves = [{k: [(u, v * math.log(2)) for u, v in c[k]] for k in c} for c in curves]
+    return curves
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("logs", nargs="+", help="fairseq-train logs written with --log-format json")
+    p.add_argument("--labels", help="comma-separated, one per log (default: the log's folder)")
+    p.add_argument("--out", help="PNG to write")
+    p.add_argument("--json", help="also write the curves as JSON here")
+    p.add_argument("--nats", action="store_true", help="convert fairseq's bits to nats")
+    p.add_argument("--title")
+    args = p.parse_args(argv)
+    labels = (args.labels.split(",") if args.labels
+              else [os.path.basename(os.path.dirname(os.path.abspath(x))) for x in args.logs])
+    if len(labels) != len(args.logs):
+        p.error(f"--labels has {len(labels)} names for {len(args.logs)} logs")
+    curves = curves_for(args.logs, args.nats)
+    empty = [log for log, c in zip(args.logs, curves) if not c["train"] and not c["valid"]]
+    if empty:
+        p.error(f"no train_inner/valid records in {', '.join(empty)}: train with "
+                "--log-format json (and a --log-interval below the number of updates)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(zip(labels, curves)), f, indent=1)
+    if args.out:
+        plot(curves, labels, args.out, "nats" if args.nats else "bits", args.title)
+    if not (args.out or args.json):
+        p.error("nothing to write: give --out and/or --json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""What every table script shares: the ``--scale`` option, resumable runs through the real
+fairseq CLIs, mean/spread over seeds, and the markdown + JSON + PNG outputs.
+
+A table script declares its rows (name, ``--arch``, extra fairseq-train flags), a scale
+configuration (model preset, updates, seeds, data recipe) and how one finished run is scored;
+``Table`` does the rest. Every run lives in ``<out-dir>/runs/<row>-seed<k>/`` with fairseq's JSON
+log (``train.log``), its checkpoints and generations; a ``result.json`` there marks it finished, so
+re-running the script skips it (an unfinished run starts again from scratch). ``--dry-run`` prints
+every command without running anything (how the ``paper`` scale is checked on a machine
+without GPUs).
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+
+SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(SCRIPTS)
+PLUGIN_DIR = os.path.join(REPO, "fairseq_plugins")
+sys.path.insert(0, REPO)
+sys.path.insert(0, SCRIPTS)
+SCALES = ("smoke", "small", "paper")
+
+
+def cli(name):
+    """A fairseq console script of this Python's environment (falls back to PATH)."""
+    exe = os.path.join(os.path.dirname(sys.executable), name)
+    return exe if os.path.exists(exe) else name
+
+
+def table_parser(description, name):
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", choices=SCALES, default="small",
+                   help="smoke: seconds to minutes, proves the script runs (CI); small: a 2-core "
+                        "CPU in <= 60 minutes with the substitutions it prints; paper: the "
+                        "published setting (GPUs)")
+    p.add_argument("--from", dest="from_dir", metavar="DIR",
+                   help="folder with the downloaded datasets (one sub-folder per dataset, as "
+                        "each scripts/prepare/ script's --from expects); default: download")
+    p.add_argument("--data-root", default=".",
+                   help="prepared data goes to DATA_ROOT/data/<name> and DATA_ROOT/data-bin/<name>")
+    p.add_argument("--out-dir",
+                   help=f"runs, table and curves (default: outputs/tables/{name}-SCALE)")
+    p.add_argument("--results-dir", help="also copy the table (markdown, JSON, PNGs) here, e.g. "
+                                         "results/tables")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    p.add_argument("--rows", help="comma-separated subset of the rows (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    return p
+
+
+def package_version():
+    """The package version and, in a git checkout, the commit (with '+dirty' for local edits)."""
+    import fairseq_plugins
+
+    version = fairseq_plugins.__version__
+    try:
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--",
+                                "fairseq_plugins", "scripts"],
+                               capture_output=True, text=True).stdout.strip()
+        version += f" (git {commit}{'+dirty' if dirty else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return version
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(mean, std=None, digits=2):
+    if mean is None:
+        return "n/a"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
+
+
+class Table:
+    """One table run at one scale (see the module doc)."""
+
+    def __init__(self, name, args, argv):
+        self.name, self.args, self.scale = name, args, args.scale
+        self.out_dir = os.path.abspath(args.out_dir or os.path.join("outputs", "tables",
+                                                                    f"{name}-{args.scale}"))
+        self.data_root = os.path.abspath(args.data_root)
+        self.command = " ".join(["python", os.path.relpath(sys.argv[0], REPO)
+                                 if os.path.isabs(sys.argv[0]) else sys.argv[0],
+                                 *(sys.argv[1:] if argv is None else argv)])
+        os.makedirs(self.out_dir, exist_ok=True)
+
+    # ---- paths -------------------------------------------------------------------------------
+    def data(self, name):
+        return os.path.join(self.data_root, "data", name)
+
+    def data_bin(self, name):
+        return os.path.join(self.data_root, "data-bin", name)
+
+    def from_dir(self, sub):
+        return os.path.join(self.args.from_dir, sub) if self.args.from_dir else None
+
+    def run_dir(self, row, seed):
+        return os.path.join(self.out_dir, "runs", f"{row}-seed{seed}")
+
+    # ---- commands ----------------------------------------------------------------------------
+    def run(self, cmd, log=None):
+        """Run one command (output to ``log`` when given); stop the table on failure."""
+        cmd = [str(c) for c in cmd]
+        print(("[dry-run] " if self.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
+        if self.args.dry_run:
+            return
+        if log is None:
+            proc = subprocess.run(cmd)
+        else:
+            with open(log, "w") as f:
+                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            tail = open(log).read()[-3000:] if log else ""
+            raise SystemExit(f"{self.name}: command failed (exit {proc.returncode}): "
+                             f"{shlex.join(cmd[:3])} ...{' see ' + log if log else ''}\n{tail}")
+
+    def prepare(self, script, flags):
+        """Run a scripts/prepare/ script (it does nothing when its output is complete)."""
+        self.run([sys.executable, os.path.join(SCRIPTS, "prepare", script), *flags])
+
+    def finished(self, row, seed):
+        path = os.path.join(self.run_dir(row, seed), "result.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        return None
+
+    def train(self, row, seed, data, flags):
+        """fairseq-train --user-dir for one (row, seed) from scratch -> its run directory."""
+        run_dir = self.run_dir(row, seed)
+        if not self.args.dry_run:
+            shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again
+            os.makedirs(run_dir)
+        self.run([cli("fairseq-train"), data, "--user-dir", PLUGIN_DIR, "--seed", seed,
+                  "--save-dir", run_dir, "--log-format", "json", "--num-workers", "0", *flags],
+                 os.path.join(run_dir, "train.log"))
+        return run_dir
+
+    def save_result(self, row, seed, result):
+        if self.args.dry_run:
+            return result
+        with open(os.path.join(self.run_dir(row, seed), "result.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        return result
+
+    def seeds(self, default):
+        return [int(s) for s in self.args.seeds.split(",")] if self.args.seeds else list(default)
+
+    def rows(self, all_rows):
+        if not self.args.rows:
+            return list(all_rows)
+        wanted = self.args.rows.split(",")
+        unknown = [r for r in wanted if r not in all_rows]
+        if unknown:
+            raise SystemExit(f"{self.name}: unknown row(s) {', '.join(unknown)}; rows: "
+                             f"{', '.join(all_rows)}")
+        return wanted
+
+    # ---- outputs -----------------------------------------------------------------------------
+    def curves(self, runs, filename="curves.png", nats=False, title=None):
+        """Training/validation curves of the given {label: run_dir} as a PNG (first seed)."""
+        import plot_curves
+
+        if self.args.dry_run or not runs:
+            return None
+        labels = list(runs)
+        logs = [os.path.join(runs[label], "train.log") for label in labels]
+        curves = plot_curves.curves_for(logs, nats)
+        path = os.path.join(self.out_dir, filename)
+        plot_curves.plot(curves, labels, path, "nats" if nats else "bits",
+                         title or f"{self.name} ({self.scale})")
+        return path
+
+    def write(self, markdown_lines, report, pictures=()):
+        """``<out-dir>/<name>.md`` and ``.json`` (and copies of both and of the pictures in
+        --results-dir as ``<name>_<scale>.*``)."""
+        if self.args.dry_run:
+            print(f"[dry-run] would write {self.out_dir}/{self.name}.md and .json")
+            return
+        report = dict(report, table=self.name, scale=self.scale, command=self.command,
+                      package_version=package_version(),
+                      date=datetime.date.today().isoformat())
+        header = [f"# {report['title']} ({self.scale} scale)", "",
+                  f"Command: `{self.command}`  ", f"Package: fairseq_plugins "
+                  f"{report['package_version']}, {report['date']}", ""]
+        if report.get("substitutions"):
+            header += ["**Substitutions at this scale** (the numbers are not comparable to the "
+                       "paper's without them in mind):", ""]
+            header += [f"- {s}" for s in report["substitutions"]] + [""]
+        text = "\n".join(header + markdown_lines) + "\n"
+        pictures = [p for p in pictures if p]
+        if pictures:
+            text += "\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.basename(p)})"
+                                     for p in pictures) + "\n"
+        targets = [self.out_dir]
+        if self.args.results_dir:
+            targets.append(os.path.abspath(self.args.results_dir))
+        for i, folder in enumerate(targets):
+            os.makedirs(folder, exist_ok=True)
+            stem = self.name if i == 0 else f"{self.name}_{self.scale}"
+            renamed = {os.path.basename(p): (os.path.basename(p) if i == 0
+                                             else f"{stem}_{os.path.basename(p)}")
+                       for p in pictures}
+            body = text
+            for old, new in renamed.items():
+                body = body.replace(f"]({old})", f"]({new})")
+            with open(os.path.join(folder, f"{stem}.md"), "w") as f:
+                f.write(body)
+            with open(os.path.join(folder, f"{stem}.json"), "w") as f:
+                json.dump(report, f, indent=2)
+            if i > 0:
+                for p in pictures:
+                    shutil.copyfile(p, os.path.join(folder, renamed[os.path.basename(p)]))
+        print(text)
+
+
+def bits_to_nats(x):
+    return None if x is None else x * math.log(2)
+
+
+def last_record(log_path, tag):
+    """The last ``--log-format json`` record of a kind ('train_inner', 'train', 'valid')."""
+    record = None
+    marker = f"| {tag} | "
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if marker in line:
+                try:
+                    record = json.loads(line.split(marker, 1)[1])
+                except ValueError:
+                    pass
+    return record
+
+
+def generate(table, run_dir, data, subset, flags, checkpoint="checkpoint_best.pt"):
+    """fairseq-generate --user-dir on one subset -> the log's path (``flags``: beam, lengths,
+    --bpe ...). ``--required-batch-size-multiple 1`` keeps every sentence."""
+    log = os.path.join(run_dir, f"generate-{subset}.txt")
+    table.run([cli("fairseq-generate"), data, "--user-dir", PLUGIN_DIR,
+               "--path", os.path.join(run_dir, checkpoint), "--gen-subset", subset,
+               "--required-batch-size-multiple", "1", "--num-workers", "0", *flags], log)
+    return log
+
+
+def score(table, script, flags):
+    """Run one of scripts/score_*.py with --json; return its result (None in a dry run)."""
+    cmd = [sys.executable, os.path.join(SCRIPTS, script), *map(str, flags), "--json"]
+    print(("[dry-run] " if table.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
+    if table.args.dry_run:
+        return None
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{table.name}: {script} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
