@@ -141,7 +141,7 @@ def bleu(table, run_dir, data, cfg, spm, ref, checkpoint="checkpoint_last.pt"):
                           [*cfg["gen"], "--bpe", "sentencepiece", "--sentencepiece-model", spm],
                           checkpoint=checkpoint)
     result = common.score(table, "score_bleu.py", [log, "--ref", ref])
-    return None if result is None else round(result["score"], 2)
+    return None if result is None else round(result["bleu"], 2)
 
 
 def run_row(table, row, seed, cfg, data, spm, ref, start):

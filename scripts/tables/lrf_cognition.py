@@ -113,8 +113,9 @@ def run_row(table, row, seed, cfg, data, text):
         if cat in cter:
             result[f"cter_instance_{cat}"] = round(cter[cat]["instance"], 2)
             result[f"cter_aggregate_{cat}"] = round(cter[cat]["aggregate"], 2)
-    result["bleu_cg"] = round(bleu["score"], 2)
-    result["bleu_random"] = round(random_bleu["score"], 2) if cfg["random_test"] else None
+    result["bleu_cg"] = round(bleu["bleu"], 2)
+    result["bleu_signature"] = bleu["signature"]
+    result["bleu_random"] = round(random_bleu["bleu"], 2) if cfg["random_test"] else None
     return table.save_result(row, seed, result)
 
 
