@@ -29,7 +29,10 @@ def _checkpoint_safe_globals():
 
     from fairseq.distributed.utils import _TensorPlaceholder
 
+    from .checkpoint_marker import PassUserDirFairseqPlugins
+
     return [
+        PassUserDirFairseqPlugins,
         argparse.Namespace,
         DictConfig,
         ListConfig,
@@ -106,6 +109,26 @@ def _atomic_checkpoint_copies():
     checkpoint_utils.PathManager = AtomicCopyPathManager
 
 
+def _mark_saved_checkpoints():
+    """Put :mod:`.checkpoint_marker`'s marker first in every checkpoint fairseq saves, so that
+    loading it without ``--user-dir`` names this package instead of failing in fairseq's config
+    code (see that module)."""
+    from fairseq import checkpoint_utils
+
+    from .checkpoint_marker import mark
+
+    save = checkpoint_utils.torch_persistent_save
+    if getattr(save, "marks_checkpoints", False):
+        return
+
+    def torch_persistent_save(obj, filename, async_write: bool = False):
+        return save(mark(obj), filename, async_write=async_write)
+
+    torch_persistent_save.marks_checkpoints = True
+    torch_persistent_save.__wrapped__ = save
+    checkpoint_utils.torch_persistent_save = torch_persistent_save
+
+
 def apply():
     """Apply every fix (safe to call any number of times)."""
     global _APPLIED
@@ -116,4 +139,5 @@ def apply():
     _add_numpy_aliases()
     _fix_swish_activation()
     _atomic_checkpoint_copies()
+    _mark_saved_checkpoints()
     _APPLIED = True

@@ -1,4 +1,5 @@
-"""The benchmark script runs and writes valid JSON (no timing is asserted: see scripts/bench)."""
+"""The benchmark suite runs and writes valid JSON, markdown and the scaling PNG (no timing is
+asserted: see scripts/bench)."""
 import json
 import os
 import subprocess
@@ -7,39 +8,59 @@ import sys
 from helpers import SCRIPTS
 
 
-def test_seq2seq_bench_quick_writes_json(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "seq2seq.py"), "--quick",
-                           "--variants", "transformer,fusion,bridge,swapped", "--out", str(out),
-                           "--markdown", str(tmp_path / "bench.md")],
+def test_bench_suite_quick_writes_every_part(tmp_path):
+    out, md, png = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "scaling.png"
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "run.py"), "--quick",
+                           "--out", str(out), "--markdown", str(md), "--plot", str(png)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report == json.loads(proc.stdout)
-    assert set(report["results"]) == {"transformer", "fusion", "bridge", "swapped"}
-    scaling = report["cross_attention_memory_mb_by_target_length"]
-    assert set(scaling) == {"16", "32"} and all(set(v) == {"standard", "swapped"}
-                                                for v in scaling.values())
+    assert report["quick"] and set(report["parts"]) == {"seq2seq", "lm", "scaling"}
+
+    seq2seq = report["parts"]["seq2seq"]
+    assert set(seq2seq["results"]) == {"transformer", "fusion", "fusion_enc", "fusion_dec",
+                                       "bridge", "swapped", "inverted", "decoder_values"}
+    memory = seq2seq["cross_attention_memory_mb_by_target_length"]
+    assert set(memory) == {"16", "32"} and all(set(v) == {"standard", "swapped"}
+                                               for v in memory.values())
     for variant in ("fusion", "bridge"):
-        ratios = report["ratios_vs_transformer"][variant]
+        ratios = seq2seq["ratios_vs_transformer"][variant]
         assert ratios["params_extra"] > 0 and ratios["mac_model_ratio"] > 1
         assert all(v > 0 for v in ratios.values())
-    d, layers = report["config"]["d"], report["config"]["layers"]
-    assert report["ratios_vs_transformer"]["bridge"]["params_extra"] == layers * layers * d * d
-    table = (tmp_path / "bench.md").read_text()
-    assert "| fusion |" in table and "| bridge |" in table
+    d, layers = seq2seq["config"]["d"], seq2seq["config"]["layers"]
+    assert seq2seq["ratios_vs_transformer"]["bridge"]["params_extra"] == layers * layers * d * d
+    assert seq2seq["ratios_vs_transformer"]["inverted"]["mac_model_ratio"] == 1.0
 
-
-def test_lm_bench_quick_writes_json(tmp_path):
-    out = tmp_path / "bench_lm.json"
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "lm.py"), "--quick",
-                           "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report == json.loads(proc.stdout)
-    assert set(report["ratios_vs_gpt_baseline_lm"]) == {"ar_encdec_lm", "ar_encdec_lm_emb_mse"}
-    assert set(report["cache_speedup"]) == {"gpt_baseline_lm", "ar_encdec_lm",
-                                            "ar_encdec_lm_emb_mse"}
-    assert all(v > 0 for v in report["cache_speedup"].values())
-    params = {n: r["params_reference_count"] for n, r in report["results"].items()}
+    lm = report["parts"]["lm"]
+    assert set(lm["ratios_vs_gpt_baseline_lm"]) == {"ar_encdec_lm", "ar_encdec_lm_emb_mse"}
+    assert set(lm["cache_speedup"]) == {"gpt_baseline_lm", "ar_encdec_lm", "ar_encdec_lm_emb_mse"}
+    assert all(v > 0 for v in lm["cache_speedup"].values())
+    params = {n: r["params_reference_count"] for n, r in lm["results"].items()}
     assert params["ar_encdec_lm_emb_mse"] - params["ar_encdec_lm"] == 4 * 32  # the two loss LNs
+
+    curves = report["parts"]["scaling"]["curves"]
+    assert [r["length"] for r in curves["length"]] == [8, 16]
+    assert [r["depth"] for r in curves["depth"]] == [2, 3]
+    for row in curves["depth"]:
+        assert set(row["seconds_per_update"]) == {"transformer", "fusion", "bridge"}
+        assert row["mac_model_ratio"]["fusion"] > row["mac_ratio_implemented"]["fusion"] > 1
+    # the naive fusion MAC ratio grows with depth (quadratic extra cost over a linear base)
+    assert curves["depth"][1]["mac_model_ratio"]["fusion"] > \
+        curves["depth"][0]["mac_model_ratio"]["fusion"]
+
+    targets = {t["target"]: t for t in report["targets"]}
+    assert len(targets) == 16 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert targets["swapped: training time / transformer's"]["required"] == "<= 2.0"
+    table = md.read_text()
+    assert "--quick: tiny sizes" in table and "| fusion |" in table and "| 8 |" in table
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_suite_rejects_unknown_parts_and_cpu_fp16(tmp_path):
+    run = os.path.join(SCRIPTS, "bench", "run.py")
+    proc = subprocess.run([sys.executable, run, "--only", "seq2seq,gpu"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "unknown part(s) gpu" in proc.stderr
+    proc = subprocess.run([sys.executable, run, "--fp16"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr

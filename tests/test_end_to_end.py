@@ -54,6 +54,26 @@ def test_validate_with_only_user_dir(scan_bin, fusion_ckpt):
     assert "valid on 'valid' subset" in out and "loss" in out
 
 
+def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ckpt):
+    import torch
+
+    state = torch.load(fusion_ckpt, map_location="cpu")  # the package's allow-list is active
+    assert next(iter(state)) == "_fairseq_plugins"  # the marker is the first thing unpickled
+    args = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), scan_bin / "bin",
+            "--path", fusion_ckpt, "--gen-subset", "valid", "--beam", "2", "--batch-size", "64",
+            "--required-batch-size-multiple", "1", "--num-workers", "0"]
+    # torch's default safe loading, no --user-dir: the error names the package, not Namespace
+    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, env=cli_env())
+    assert proc.returncode != 0
+    assert "fairseq_plugins.checkpoint_marker.PassUserDirFairseqPlugins" in proc.stderr
+    # full unpickling imports the (installed) package, which registers the models: it loads
+    env = dict(cli_env(), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, env=env,
+                          cwd=scan_bin)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("\nH-") == 200
+
+
 def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
     def run():
         proc = subprocess.run(

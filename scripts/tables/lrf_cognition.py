@@ -16,7 +16,7 @@ Scales: ``paper`` = the LRF setting (SPEC section 1: transformer_iwslt_de_en wit
 decoder embedding, Adam lr 5e-4, inverse-sqrt, 4,000 warm-up, dropout 0.3, weight decay 1e-4,
 label smoothing 0.1, 8,192 tokens per update, 100k updates; 6 seeds); ``small`` = trained on the
 released valid+test (20k pairs; the training set is not available offline), validated on 1,000
-lines of test, 3+3-layer d=64 models, 1,500 updates, 2 seeds; the random test set is then
+lines of test, 3+3-layer d=64 models, 1,000 updates, 2 seeds; the random test set is then
 training data and its BLEU is not reported; ``smoke`` = the same data, 2+2 layers, ten updates,
 greedy search with short outputs.
 """
@@ -51,8 +51,7 @@ SCALES = {
                           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300",
                           "--dropout", "0.1", "--criterion", "label_smoothed_cross_entropy",
                           "--label-smoothing", "0.1", "--max-tokens", "4096",
-                          "--max-update", "1500", "--log-interval", "50",
-                          "--validate-interval-updates", "500"],
+                          "--max-update", "1000", "--log-interval", "50"],
                   gen=["--beam", "5", "--max-len-a", "1.2", "--max-len-b", "10",
                        "--batch-size", "256"], seeds=(1, 2), random_test=False),
     "paper": dict(train_on="train", size="_iwslt_de_en", size_flags=[],
@@ -72,7 +71,7 @@ SUBSTITUTIONS = {
     "small": ["trained on CoGnition's released valid+test (20k pairs) instead of its 196k-pair "
               "training set (not available offline); validated on the first 1,000 test lines",
               "the random test set is training data here: its BLEU is not reported",
-              "3+3-layer d=64 models (fairseq transformer_tiny sizes), 1,500 updates of 4,096 "
+              "3+3-layer d=64 models (fairseq transformer_tiny sizes), 1,000 updates of 4,096 "
               "tokens, lr 2e-3, dropout 0.1 instead of transformer_iwslt_de_en for 100k updates",
               "2 seeds (the paper's baseline: 6)"],
     "smoke": ["ten updates of 2+2-layer tiny models, greedy outputs of at most 4 tokens: proves "
