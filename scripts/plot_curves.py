@@ -2,7 +2,7 @@
 """Training and validation curves of several fairseq runs, from their ``--log-format json`` logs.
 
     python scripts/plot_curves.py run1/train.log run2/train.log --labels A,B --out curves.png \\
-        [--nats] [--json curves.json]
+        [--nats] [--metric nll_loss] [--json curves.json]
 
 Reads the ``train_inner`` records (training loss every ``--log-interval`` updates) and the
 ``valid`` records (validation loss after each epoch or ``--validate-interval-updates``) that
@@ -18,25 +18,29 @@ import os
 import sys
 
 
-def read_curves(path):
-    """{'train': [(update, loss)], 'valid': [(update, loss)]} from one fairseq JSON log."""
+def read_curves(path, metric="loss"):
+    """{'train': [(update, value)], 'valid': [(update, value)]} from one fairseq JSON log.
+
+    ``metric``: ``loss`` (what the criterion optimises: label-smoothed, or cross-entropy plus
+    an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
+    records without it fall back to ``loss``, as fairseq's cross_entropy logs only that)."""
     curves = {"train": [], "valid": []}
     with open(path, errors="replace") as f:
         for line in f:
-            for tag, kind, update_key, loss_key in (
-                    ("| train_inner | ", "train", "num_updates", "loss"),
-                    ("| valid | ", "valid", "valid_num_updates", "valid_loss")):
+            for tag, kind, prefix, update_key in (
+                    ("| train_inner | ", "train", "", "num_updates"),
+                    ("| valid | ", "valid", "valid_", "valid_num_updates")):
                 if tag in line:
                     try:
                         record = json.loads(line.split(tag, 1)[1])
-                        curves[kind].append((int(float(record[update_key])),
-                                             float(record[loss_key])))
+                        value = record.get(prefix + metric, record[prefix + "loss"])
+                        curves[kind].append((int(float(record[update_key])), float(value)))
                     except (ValueError, KeyError):
                         pass  # a record without these fields (or a truncated line)
     return curves
 
 
-def plot(curves, labels, out, unit="bits", title=None):
+def plot(curves, labels, out, unit="bits", title=None, metric="loss"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +54,7 @@ def plot(curves, labels, out, unit="bits", title=None):
             ax.plot(*zip(*c["train"]), "-", color=color, label=f"{label} train")
         if c["valid"]:
             ax.plot(*zip(*c["valid"]), "--o", color=color, markersize=3, label=f"{label} valid")
-    ax.set(xlabel="updates", ylabel=f"loss ({unit} per token)", title=title or "")
+    ax.set(xlabel="updates", ylabel=f"{metric} ({unit} per token)", title=title or "")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -59,8 +63,8 @@ def plot(curves, labels, out, unit="bits", title=None):
     plt.close(fig)
 
 
-def curves_for(logs, nats=False):
-    curves = [read_curves(p) for p in logs]
+def curves_for(logs, nats=False, metric="loss"):
+    curves = [read_curves(p, metric) for p in logs]
     if nats:
         curves = [{k: [(u, v * math.log(2)) for u, v in c[k]] for k in c} for c in curves]
     return curves
@@ -73,13 +77,16 @@ def main(argv=None):
     p.add_argument("--out", help="PNG to write")
     p.add_argument("--json", help="also write the curves as JSON here")
     p.add_argument("--nats", action="store_true", help="convert fairseq's bits to nats")
+    p.add_argument("--metric", choices=("loss", "nll_loss"), default="loss",
+                   help="nll_loss: the cross-entropy alone where the criterion logs it "
+                        "(label smoothing and embedding losses left out)")
     p.add_argument("--title")
     args = p.parse_args(argv)
     labels = (args.labels.split(",") if args.labels
               else [os.path.basename(os.path.dirname(os.path.abspath(x))) for x in args.logs])
     if len(labels) != len(args.logs):
         p.error(f"--labels has {len(labels)} names for {len(args.logs)} logs")
-    curves = curves_for(args.logs, args.nats)
+    curves = curves_for(args.logs, args.nats, args.metric)
     empty = [log for log, c in zip(args.logs, curves) if not c["train"] and not c["valid"]]
     if empty:
         p.error(f"no train_inner/valid records in {', '.join(empty)}: train with "
@@ -88,7 +95,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(zip(labels, curves)), f, indent=1)
     if args.out:
-        plot(curves, labels, args.out, "nats" if args.nats else "bits", args.title)
+        plot(curves, labels, args.out, "nats" if args.nats else "bits", args.title, args.metric)
     if not (args.out or args.json):
         p.error("nothing to write: give --out and/or --json")
     return 0

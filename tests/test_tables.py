@@ -168,6 +168,12 @@ def test_plot_curves_reads_train_and_valid_records(tmp_path):
 
     assert plot_curves.read_curves(log) == {"train": [(10, 4.0), (20, 2.0)],
                                             "valid": [(10, 3.5)]}
+    # nll_loss where the record has it (the cross-entropy alone), loss where it does not
+    log2 = tmp_path / "train2.log"
+    log2.write_text('x | train_inner | {"loss": "9.0", "nll_loss": "3.0", "num_updates": "5"}\n'
+                    'x | train_inner | {"loss": "8.0", "num_updates": "6"}\n')
+    assert plot_curves.read_curves(log2, "nll_loss")["train"] == [(5, 3.0), (6, 8.0)]
+    assert plot_curves.read_curves(log2)["train"] == [(5, 9.0), (6, 8.0)]
     nats = plot_curves.curves_for([log], nats=True)[0]
     assert nats["valid"] == [(10, pytest.approx(3.5 * math.log(2)))]
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "plot_curves.py"), log, log,

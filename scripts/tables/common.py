@@ -172,18 +172,19 @@ class Table:
         return wanted
 
     # ---- outputs -----------------------------------------------------------------------------
-    def curves(self, runs, filename="curves.png", nats=False, title=None):
-        """Training/validation curves of the given {label: run_dir} as a PNG (first seed)."""
+    def curves(self, runs, filename="curves.png", nats=False, title=None, metric="nll_loss"):
+        """Training/validation curves of the given {label: run_dir} as a PNG (first seed);
+        by default the cross-entropy alone (``nll_loss``) where the criterion logs it."""
         import plot_curves
 
         if self.args.dry_run or not runs:
             return None
         labels = list(runs)
         logs = [os.path.join(runs[label], "train.log") for label in labels]
-        curves = plot_curves.curves_for(logs, nats)
+        curves = plot_curves.curves_for(logs, nats, metric)
         path = os.path.join(self.out_dir, filename)
         plot_curves.plot(curves, labels, path, "nats" if nats else "bits",
-                         title or f"{self.name} ({self.scale})")
+                         title or f"{self.name} ({self.scale})", metric)
         return path
 
     def write(self, markdown_lines, report, pictures=()):

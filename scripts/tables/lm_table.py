@@ -59,8 +59,8 @@ SMALL_SIZES = {
 PAPER_SIZES = {"ar": ["--arch", "ar_encdec_lm_yif"], "gpt": ["--arch", "gpt_baseline_lm_yif"],
                "gpt_small": ["--arch", "gpt_baseline_lm_yif_small"]}
 SCALES = {
-    "smoke": dict(dataset="wikitext-2", head_lines=4000, vocab=1000, sizes=SMALL_SIZES, context=32, batch=4,
-                  update_freq=1, lr=2e-3, warmup=2, updates=10, log_interval=5,
+    "smoke": dict(dataset="wikitext-2", head_lines=4000, vocab=1000, sizes=SMALL_SIZES,
+                  context=32, batch=4, update_freq=1, lr=2e-3, warmup=2, updates=10, log_interval=5,
                   validate_every=10, seeds=(1,), precision=[]),
     "small": dict(dataset="wikitext-2", vocab=8000, sizes=SMALL_SIZES, context=128, batch=16,
                   update_freq=1, lr=2e-3, warmup=100, updates=800, log_interval=50,
@@ -170,8 +170,8 @@ def main(argv=None):
              f"logged training loss (embedding loss excluded), valid = `fairseq-eval-lm` on the "
              f"validation set, last checkpoint; seeds {','.join(map(str, seeds))} (mean ± sample "
              "std when more than one).", "",
-             "| row | arch + flags | train (published) | valid (published) | params "
-             "(published, V = 50,257) |", "|---|---|---:|---:|---:|"]
+             "| row | model | flags | train (published) | valid (published) | params "
+             "(published, V = 50,257) |", "|---|---|---|---:|---:|---:|"]
     summary = {}
     for row in rows:
         family, extra, (p_train, p_valid), label = ROWS[row]
@@ -185,14 +185,14 @@ def main(argv=None):
                                                         "valid_nats": p_valid,
                                                         "params": published},
                         "runs": results[row]}
-        flags = " ".join(cfg["sizes"][family][:2] + extra) if extra else cfg["sizes"][family][1]
-        lines.append(f"| {label} | `{flags}` | {common.fmt(*train, digits=3)} ({p_train:.3f}) | "
-                     f"{common.fmt(*valid, digits=3)} ({p_valid:.3f}) | "
-                     f"{params:,} ({published:,}) |" if params else
-                     f"| {label} | `{flags}` | {common.fmt(*train, digits=3)} ({p_train:.3f}) | "
-                     f"{common.fmt(*valid, digits=3)} ({p_valid:.3f}) | n/a ({published:,}) |")
+        model = " ".join(cfg["sizes"][family])
+        flags = f"`{' '.join(extra)}`" if extra else "(none)"
+        lines.append(f"| {label} | `{model}` | {flags} | {common.fmt(*train, digits=3)} "
+                     f"({p_train:.3f}) | {common.fmt(*valid, digits=3)} ({p_valid:.3f}) | "
+                     f"{f'{params:,}' if params else 'n/a'} ({published:,}) |")
     curves = table.curves({r: table.run_dir(r, seeds[0]) for r in rows}, "curves.png", nats=True,
-                          title=f"LM table ({args.scale}): cross-entropy, nats")
+                          title=f"LM table ({args.scale}): cross-entropy (embedding loss "
+                                "excluded), nats")
     table.write(lines, {"title": "Autoregressive encoder-decoder LM: the reference table",
                         "substitutions": SUBSTITUTIONS[args.scale], "config": cfg | {
                             "sizes": {k: " ".join(v) for k, v in cfg["sizes"].items()}},
