@@ -71,6 +71,7 @@ def _max_param_diff(a, b):
                                          ("bridge_transformer_tiny", False),
                                          ("swapped_transformer_tiny", False),
                                          ("decoder_values_transformer_tiny", False),
+                                         ("inverted_transformer_tiny", False),
                                          ("ar_encdec_lm_tiny", True),
                                          ("gpt_baseline_lm_tiny", False)])
 def test_two_processes_equal_update_freq_two(request, tmp_path, arch, resume):
