@@ -22,11 +22,6 @@ KEY = "_fairseq_plugins"
 class PassUserDirFairseqPlugins:
     """Loading this checkpoint needs ``--user-dir /abs/path/to/fairseq_plugins`` (see module)."""
 
-    def __eq__(self, other):
-        return isinstance(other, PassUserDirFairseqPlugins)
-
-    __hash__ = object.__hash__
-
 
 def mark(state):
     """``state`` with the marker as its first entry (fairseq checkpoints only: dicts with a

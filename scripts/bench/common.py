@@ -86,10 +86,26 @@ def bench_parser(description):
     return p
 
 
+def write_text(path, text):
+    """Write ``text`` (plus a final newline) to ``path``, creating its folder."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def emit_report(report, out=None):
+    """Print the report as JSON and also write it to ``out`` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        write_text(out, text)
+
+
 def parse_bench_args(parser, worker, argv=None):
-    """Parsed options, or None after running the ``--worker`` job (its JSON on stdout)."""
+    """Parsed options, or None after running the ``--worker`` job (its JSON on stdout).
+    ``worker`` may be None for a script that has no worker jobs."""
     args = parser.parse_args(argv)
-    if args.worker:
+    if args.worker and worker is not None:
         print(json.dumps(worker(json.loads(args.worker))))
         return None
     if args.fp16 and args.device == "cpu":

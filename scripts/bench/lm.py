@@ -12,7 +12,6 @@ whole prefix every token (what a model without a cache costs), for both models (
 fed through the cache untimed: the figure is the cost per generated token at context ~200). Ratios are the
 result; absolute numbers only mean something on a GPU.
 """
-import json
 import os
 import sys
 import time
@@ -192,13 +191,7 @@ def main(argv=None):
     args = common.parse_bench_args(parser(), worker, argv)
     if args is None:
         return 0
-    report = run(args)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.emit_report(run(args), args.out)
     return 0
 
 

@@ -14,7 +14,6 @@ same process; absolute numbers are printed but only mean something on a GPU. On 
 the JSON under its own name, e.g. ``--out results/bench_cuda_fp16.json``. No timing is ever
 asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
 """
-import json
 import os
 import sys
 
@@ -87,7 +86,7 @@ def markdown(report):
               "scaling": "Scaling with length and depth"}
     for name, part in report["parts"].items():
         lines += ["", f"## {titles[name]}", "", PARTS[name].markdown_table(part)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -99,9 +98,7 @@ def main(argv=None):
                    help="the scaling curves as a PNG (default: results/bench_scaling.png)")
     p.add_argument("--only", default=",".join(PARTS),
                    help=f"comma-separated subset of {', '.join(PARTS)}")
-    args = p.parse_args(argv)
-    if args.fp16 and args.device == "cpu":
-        p.error("--fp16 needs --device cuda")
+    args = common.parse_bench_args(p, None, argv)  # also rejects --fp16 on the CPU
     only = args.only.split(",")
     unknown = sorted(set(only) - set(PARTS))
     if unknown:
@@ -117,12 +114,8 @@ def main(argv=None):
               "command": " ".join(["python scripts/bench/run.py", *sys.argv[1:]]
                                   if argv is None else ["python scripts/bench/run.py", *argv]),
               "targets": targets(parts), "parts": parts}
-    text = json.dumps(report, indent=2)
-    print(text)
-    for path, content in ((args.out, text + "\n"), (args.markdown, markdown(report))):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(content)
+    common.emit_report(report, args.out)
+    common.write_text(args.markdown, markdown(report))
     if "scaling" in parts and args.plot:
         scaling.plot(parts["scaling"], args.plot)
     missed = [t["target"] for t in report["targets"] if not t["met"]]

@@ -13,7 +13,6 @@ quadratic in depth (layer i attends over i+1 states): its ratio to the transform
 and the plot puts the measured ratio next to the MAC model's (``flops.py``: ``naive`` is the
 multi-head attention SPEC describes, ``implemented`` the cheaper algebra FuseAttention runs).
 """
-import json
 import os
 import sys
 
@@ -172,12 +171,7 @@ def main(argv=None):
     if args is None:
         return 0
     report = run(args)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.emit_report(report, args.out)
     if args.plot:
         plot(report, args.plot)
     return 0

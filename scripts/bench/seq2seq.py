@@ -17,7 +17,6 @@ over the lower states, the issue's FLOP model) and ``mac_ratio_implemented`` the
 FuseAttention runs; for the bridge both are N_dec x N x d^2 per source token. Absolute numbers
 are only meaningful on a GPU; ratios are the result.
 """
-import json
 import os
 import sys
 
@@ -267,13 +266,9 @@ def main(argv=None):
     if args is None:
         return 0
     report = run(args)
-    text = json.dumps(report, indent=2)
-    print(text)
-    for path, content in ((args.out, text), (args.markdown, markdown_table(report))):
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(content + "\n")
+    common.emit_report(report, args.out)
+    if args.markdown:
+        common.write_text(args.markdown, markdown_table(report))
     return 0
 
 
