@@ -193,6 +193,37 @@ def test_beam_search_reorders_the_per_hypothesis_state(kind, monkeypatch):
         assert _rescore(model, src, lengths, broken, eos) > 1e-3
 
 
+def test_beam_search_projects_each_source_once_per_sentence():
+    """fairseq's generator passes the beam size on: the source projections are computed for
+    the 3 sentences, not for their 3 x 4 hypotheses."""
+    model, task, _ = build_translation_model("swapped_transformer_tiny", seed=3)
+    model.eval()
+    rows = []
+    layer = model.decoder.layers[0].encoder_attn
+    layer.source_query_proj.register_forward_hook(lambda m, i, o: rows.append(i[0].size(1)))
+    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=3)
+    with torch.no_grad():
+        beam_search(model, task, src, lengths, beam=4, max_len_b=10)
+    assert rows == [3]
+
+
+def test_reorder_keeps_shared_source_rows_and_follows_shrinking_batches():
+    module = _module("swapped", dim=8, heads=2).eval()
+    module.set_beam_size(3)
+    g = torch.Generator().manual_seed(0)
+    memory = torch.randn(5, 2, 8, generator=g).double().repeat_interleave(3, dim=1)  # 2 x 3 beams
+    state = {}
+    with torch.no_grad():
+        module(torch.randn(1, 6, 8, generator=g).double(), memory, memory, incremental_state=state)
+    key = module._get_input_buffer(state)["prev_key"]
+    assert key.size(0) == 2
+    module.reorder_incremental_state(state, torch.tensor([2, 2, 0, 3, 5, 4]))  # a beam step
+    assert module._get_input_buffer(state)["prev_key"] is key
+    module.reorder_incremental_state(state, torch.tensor([4, 3, 3]))  # sentence 0 finished
+    assert torch.equal(module._get_input_buffer(state)["prev_key"], key[1:])
+    assert module._get_input_buffer(state)["slot_update"].size(0) == 3
+
+
 @pytest.mark.parametrize("kind", VARIANTS)
 def test_left_and_right_padded_targets_agree(kind):
     model, task, _ = build_translation_model(f"{kind}_transformer_tiny",

@@ -37,6 +37,7 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
 )
 
+from ..modules.causal_cross_attention import CausalCrossAttention
 from ..modules.cross_attention import CROSS_ATTENTION_KINDS
 from ..modules.fuse_attention import LayerHistory
 from ..modules.layer_bridge import BRIDGE_INITS, LayerBridge
@@ -261,6 +262,15 @@ class LayerwiseTransformerModel(TransformerModel):
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return LayerwiseTransformerDecoder(cfg, tgt_dict, embed_tokens,
                                            no_encoder_attn=cfg.no_cross_attention)
+
+    def set_beam_size(self, beam_size: int):
+        """fairseq's SequenceGenerator calls this (when the model has it) before a beam search.
+        Only the hypothesis-dependent cross-attention variants take it: they then project and
+        cache each source once per sentence instead of once per hypothesis. fairseq's own
+        attention keeps its default, so standard layers decode exactly as in ``transformer``."""
+        for module in self.decoder.modules():
+            if isinstance(module, CausalCrossAttention):
+                module.set_beam_size(beam_size)
 
     # -- analysis -------------------------------------------------------------------------
     def _fuse_modules(self, side: str):

@@ -144,10 +144,10 @@ class CausalCrossAttention(MultiheadAttention):
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
     def _one_row_per_sentence(self, key: Tensor) -> Tensor:
-        """In beam search (fairseq sets ``beam_size``) the g beams of a sentence share the source:
-        keep one row per sentence (S x B/g x C), so that the cached source projections are
-        computed once and need no copy on beam steps. Checked, not assumed: rows that differ
-        within a group keep every row."""
+        """In beam search (the model passes fairseq's ``set_beam_size`` on to this module) the g
+        beams of a sentence share the source: keep one row per sentence (S x B/g x C), so that
+        the cached source projections are computed once and need no copy on beam steps.
+        Checked, not assumed: rows that differ within a group keep every row."""
         beam = self.beam_size
         length, bsz, dim = key.shape
         if beam <= 1 or bsz % beam:
@@ -157,24 +157,32 @@ class CausalCrossAttention(MultiheadAttention):
         return first[:, :, 0] if torch.equal(grouped, first.expand_as(grouped)) else key
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        """Reorder the per-hypothesis state, and the cached source projections: those have one
-        row per hypothesis, or one per sentence in beam search (see
-        :meth:`_one_row_per_sentence`), where beam search only reorders hypotheses within a
-        sentence, so they change only when finished sentences leave the batch (as fairseq's
-        encoder-decoder attention)."""
+        """Reorder the per-hypothesis state, and the cached source projections. Those have one
+        row per hypothesis, or one per group of g identical sources (see
+        :meth:`_one_row_per_sentence`): hypothesis i reads source row i // g. A beam step only
+        moves hypotheses within a sentence, which leaves the source rows as they are (no copy);
+        they change when finished sentences leave the batch (as for fairseq's encoder-decoder
+        attention)."""
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return incremental_state
         hypotheses = buffer[self.causal_state_keys[0]].size(0)
         reordered = {}
         for name, value in buffer.items():
-            group = 1 if name in self.causal_state_keys else hypotheses // value.size(0)
-            if group == 1:
+            if name in self.causal_state_keys:
                 reordered[name] = value.index_select(0, new_order)
-            elif new_order.size(0) == hypotheses:
+                continue
+            group = hypotheses // value.size(0)
+            rows = new_order // group
+            if group > 1 and rows.numel() % group == 0:
+                per_group = rows.view(-1, group)
+                if torch.equal(per_group, per_group[:, :1].expand_as(per_group)):
+                    rows = per_group[:, 0]  # the new hypotheses still come in groups of g
+            if rows.numel() == value.size(0) and torch.equal(rows, torch.arange(
+                    rows.numel(), device=rows.device)):
                 reordered[name] = value
             else:
-                reordered[name] = value.index_select(0, new_order.view(-1, group)[:, 0] // group)
+                reordered[name] = value.index_select(0, rows)
         return self._set_input_buffer(incremental_state, reordered)
 
     def upgrade_state_dict_named(self, state_dict, name):

@@ -7,9 +7,9 @@ so far, then over the source as usual:
 
 so a source position that earlier target positions already attended strongly is down-weighted: a
 learned coverage penalty, b (one sink logit per head) saying how much attention is "free". The
-target-axis normaliser is one ``logcumsumexp`` (stable, and causal: no stabiliser over future
-positions); incremental decoding keeps it per source position (B x H x S) and beam search
-reorders it. Values are the source's, as in standard cross-attention.
+target-axis normaliser is one causal ``logcumsumexp`` (``log_cumsum``: stable, no stabiliser
+over future positions); incremental decoding keeps it per source position (B x H x S) and beam
+search reorders it. Values are the source's, as in standard cross-attention.
 """
 from typing import Dict, Optional
 
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .causal_cross_attention import CausalCrossAttention, upcast
+from .log_cumsum import causal_logcumsumexp
 
 
 class InvertedCrossAttention(CausalCrossAttention):
@@ -35,10 +36,11 @@ class InvertedCrossAttention(CausalCrossAttention):
             start = self._initial_log_norm(bsz, src_len)
         seen = self._mask_target_padding(logits, query_padding_mask, target_dim=2)
         # log(e^b + sum_{j<=t} e^{s_ji}): the running normaliser continued over the new positions
-        if seen.size(2) == 1:  # one decoding step (logcumsumexp's scan is slow for this)
+        if seen.size(2) == 1:  # one decoding step
             log_norm = torch.logaddexp(start.unsqueeze(2), seen)
         else:
-            log_norm = torch.cat([start.unsqueeze(2), seen], dim=2).logcumsumexp(dim=2)[:, :, 1:]
+            log_norm = causal_logcumsumexp(torch.cat([start.unsqueeze(2), seen], dim=2),
+                                           dim=2)[:, :, 1:]
         logits = logits - log_norm
         if key_padding_mask is not None:
             logits = logits.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool),

@@ -14,7 +14,7 @@ reads the slots with the usual weights pi_ti = softmax_i <q_t, k_i>: out_t = sum
 R_i(t) = sum_{j<=t} a_ij(t) u_j obeys a convex recurrence that needs no max-stabiliser:
 with Z_i(t) = e^b + sum_{j<=t} e^{e_ij},
     R_i(t) = (Z_i(t-1)/Z_i(t)) R_i(t-1) + (e^{e_it}/Z_i(t)) u_t,
-both factors in [0, 1] computed as exp of differences of log Z (a logcumsumexp). Incremental
+both factors in [0, 1] computed as exp of differences of log Z (a causal logcumsumexp). Incremental
 decoding keeps (log Z, R) per source position (B x H x S, B x H x S x d_head); beam search
 reorders them. Training does not materialise R for every t (T x S x d per head) nor the
 T x S x T tensor of a(t): it walks the target in chunks of ``chunk_size`` positions, carrying
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .causal_cross_attention import CausalCrossAttention, upcast
+from .log_cumsum import causal_logcumsumexp
 
 
 class SwappedCrossAttention(CausalCrossAttention):
@@ -101,7 +102,8 @@ class SwappedCrossAttention(CausalCrossAttention):
         """All target positions (read B x H x T x S, logits e B x H x S x T, values B x H x T x d)
         continuing from the state (log Z, R), chunk by chunk (see the module doc)."""
         tgt_len = logits.size(-1)
-        all_log_norms = torch.cat([log_norm.unsqueeze(-1), logits], dim=-1).logcumsumexp(-1)
+        all_log_norms = causal_logcumsumexp(torch.cat([log_norm.unsqueeze(-1), logits], dim=-1),
+                                            dim=-1)
         outs = []
         for t0 in range(0, tgt_len, self.chunk_size):
             t1 = min(t0 + self.chunk_size, tgt_len)
