@@ -42,13 +42,13 @@ def build_translation_model(arch, extra=(), src_dict=None, tgt_dict=None, seed=0
     return model, task, args
 
 
-def beam_search(model, task, src, lengths, beam=4, max_len_b=12, max_len_a=0):
+def beam_search(model, task, src, lengths, beam=4, max_len_b=12, max_len_a=0, min_len=1):
     """fairseq's SequenceGenerator (the one fairseq-generate uses) on one batch."""
     from fairseq import search
     from fairseq.sequence_generator import SequenceGenerator
 
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=max_len_a,
-                            max_len_b=max_len_b,
+                            max_len_b=max_len_b, min_len=min_len,
                             search_strategy=search.BeamSearch(task.target_dictionary))
     return gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
 

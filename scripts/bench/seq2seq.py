@@ -90,8 +90,10 @@ class Bench:
 
         self.model.eval()
         with torch.no_grad():
+            # every hypothesis runs all tgt_len steps (EOS is blocked until then): the variants
+            # do the same decoding work, whatever lengths their (briefly trained) weights prefer
             beam_search(self.model, self.task, self.gsrc, self.glen, beam=5,
-                        max_len_b=self.cfg["tgt_len"])
+                        max_len_b=self.cfg["tgt_len"], min_len=self.cfg["tgt_len"])
 
 
 def worker(job):
@@ -170,7 +172,8 @@ def markdown_table(report):
              f"FFN {c['ffn']}, {c['heads']} heads, vocab {c['vocab']}, {c['max_tokens']} target "
              f"tokens per batch (source/target length {c['src_len']}/{c['tgt_len']}); training: "
              f"median of {w['train']} windows of {w['steps']} updates; generation: beam 5, "
-             f"{c['gen_sentences']} sentences, median of {w['gen']} runs. Ratios to fairseq's "
+             f"{c['gen_sentences']} sentences of {c['tgt_len']} steps each (EOS blocked until then), "
+             f"median of {w['gen']} runs. Ratios to fairseq's "
              "`transformer` in the same run.", "",
              "| variant | extra params | training time ratio | MAC-model ratio | measured / MAC "
              "model | MAC ratio as implemented | measured / implemented | generation speed "
