@@ -167,23 +167,29 @@ class CausalCrossAttention(MultiheadAttention):
         if not buffer:
             return incremental_state
         hypotheses = buffer[self.causal_state_keys[0]].size(0)
+        # the source tensors share one row layout: select their rows once for all of them
+        rows = self._source_rows(new_order, hypotheses, buffer["prev_key"].size(0))
         reordered = {}
         for name, value in buffer.items():
             if name in self.causal_state_keys:
                 reordered[name] = value.index_select(0, new_order)
-                continue
-            group = hypotheses // value.size(0)
-            rows = new_order // group
-            if group > 1 and rows.numel() % group == 0:
-                per_group = rows.view(-1, group)
-                if torch.equal(per_group, per_group[:, :1].expand_as(per_group)):
-                    rows = per_group[:, 0]  # the new hypotheses still come in groups of g
-            if rows.numel() == value.size(0) and torch.equal(rows, torch.arange(
-                    rows.numel(), device=rows.device)):
-                reordered[name] = value
             else:
-                reordered[name] = value.index_select(0, rows)
+                reordered[name] = value if rows is None else value.index_select(0, rows)
         return self._set_input_buffer(incremental_state, reordered)
+
+    @staticmethod
+    def _source_rows(new_order: Tensor, hypotheses: int, source_rows: int) -> Optional[Tensor]:
+        """The cached source rows the reordered hypotheses read (None: the rows as they are)."""
+        group = hypotheses // source_rows
+        rows = new_order // group
+        if group > 1 and rows.numel() % group == 0:
+            per_group = rows.view(-1, group)
+            if torch.equal(per_group, per_group[:, :1].expand_as(per_group)):
+                rows = per_group[:, 0]  # the new hypotheses still come in groups of g
+        if rows.numel() == source_rows and torch.equal(
+                rows, torch.arange(source_rows, device=rows.device)):
+            return None
+        return rows
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Fine-tuning from a standard model: parameters this variant adds to fairseq's

@@ -36,7 +36,7 @@ class InvertedCrossAttention(CausalCrossAttention):
             start = self._initial_log_norm(bsz, src_len)
         seen = self._mask_target_padding(logits, query_padding_mask, target_dim=2)
         # log(e^b + sum_{j<=t} e^{s_ji}): the running normaliser continued over the new positions
-        if seen.size(2) == 1:  # one decoding step
+        if seen.size(2) == 1:  # one decoding step: no concatenation, no scan
             log_norm = torch.logaddexp(start.unsqueeze(2), seen)
         else:
             log_norm = causal_logcumsumexp(torch.cat([start.unsqueeze(2), seen], dim=2),

@@ -14,10 +14,10 @@ reads the slots with the usual weights pi_ti = softmax_i <q_t, k_i>: out_t = sum
 R_i(t) = sum_{j<=t} a_ij(t) u_j obeys a convex recurrence that needs no max-stabiliser:
 with Z_i(t) = e^b + sum_{j<=t} e^{e_ij},
     R_i(t) = (Z_i(t-1)/Z_i(t)) R_i(t-1) + (e^{e_it}/Z_i(t)) u_t,
-both factors in [0, 1] computed as exp of differences of log Z (a causal logcumsumexp). Incremental
-decoding keeps (log Z, R) per source position (B x H x S, B x H x S x d_head); beam search
-reorders them. Training does not materialise R for every t (T x S x d per head) nor the
-T x S x T tensor of a(t): it walks the target in chunks of ``chunk_size`` positions, carrying
+both factors in [0, 1] computed as exp of differences of log Z (a causal logcumsumexp).
+Incremental decoding keeps (log Z, R) per source position (B x H x S, B x H x S x d_head);
+beam search reorders them. Training does not materialise R for every t (T x S x d per head) nor
+the T x S x T tensor of a(t): it walks the target in chunks of ``chunk_size`` positions, carrying
 (log Z, R) across chunks, so memory grows as T x S x chunk, never T^2 x S.
 """
 from typing import Dict, Optional

@@ -172,9 +172,9 @@ def markdown_table(report):
              f"FFN {c['ffn']}, {c['heads']} heads, vocab {c['vocab']}, {c['max_tokens']} target "
              f"tokens per batch (source/target length {c['src_len']}/{c['tgt_len']}); training: "
              f"median of {w['train']} windows of {w['steps']} updates; generation: beam 5, "
-             f"{c['gen_sentences']} sentences of {c['tgt_len']} steps each (EOS blocked until then), "
-             f"median of {w['gen']} runs. Ratios to fairseq's "
-             "`transformer` in the same run.", "",
+             f"{c['gen_sentences']} sentences of {c['tgt_len']} steps each (EOS blocked until "
+             f"then), median of {w['gen']} runs. Ratios to fairseq's `transformer` in the same "
+             "run.", "",
              "| variant | extra params | training time ratio | MAC-model ratio | measured / MAC "
              "model | MAC ratio as implemented | measured / implemented | generation speed "
              "ratio | training peak-memory growth ratio |",
