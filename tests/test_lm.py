@@ -5,11 +5,12 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import cli_env, run_cli
 from helpers import PLUGIN_DIR, SCRIPTS, build_language_model, make_dict
 
 from fairseq_plugins.criterions.lm_embedding_loss import LMEmbeddingLossCriterion, embedding_loss
-from fairseq_plugins.modules.lm_blocks import CausalAttention
+from fairseq_plugins.modules.lm_blocks import CausalAttention, CrossDecoderBlock, project_memories
 
 EMB = ["--criterion", "lm_embedding_loss", "--embedding-loss"]
 AR_OPTIONS = [[], ["--decoder-block-order", "alt"], ["--pos-embed-subtraction", "yes_ln"],
@@ -39,6 +40,24 @@ def test_reference_parameter_counts():
     assert model.reference_parameter_count() == 16_036_800 - 10 * 160
 
 
+# seed 001's model_config of each reference run: n_embed, n_layer, n_head (cross_attn_config n_head)
+REFERENCE_CONFIGS = {"ar_encdec_lm_yif": (150, 13, 5, 10),
+                     "gpt_baseline_lm_yif": (160, 26, 10, None),
+                     "gpt_baseline_lm_yif_small": (156, 26, 12, None)}
+
+
+@pytest.mark.parametrize("arch", sorted(REFERENCE_CONFIGS))
+def test_presets_have_the_reference_sizes_and_heads(arch):
+    d, layers, heads, cross_heads = REFERENCE_CONFIGS[arch]
+    model, _, _ = build_language_model(arch, ["--tokens-per-sample", 200], make_dict(20, "w"))
+    decoder = model.decoder
+    self_attn = [m.self_attn for m in [*getattr(decoder, "encoder_layers", []), *decoder.layers]]
+    assert len(self_attn) == (2 * layers if cross_heads else layers)
+    assert {(a.num_heads, a.num_heads * a.head_dim) for a in self_attn} == {(heads, d)}
+    cross = [m.encoder_attn.num_heads for m in decoder.layers if hasattr(m, "encoder_attn")]
+    assert cross == ([cross_heads] * layers if cross_heads else [])
+
+
 @pytest.mark.parametrize("arch,extra", [("ar_encdec_lm_tiny", e) for e in AR_OPTIONS]
                          + [("gpt_baseline_lm_tiny", [])])
 def test_changing_token_t_never_changes_earlier_outputs(arch, extra):
@@ -66,7 +85,7 @@ def test_cross_attention_reads_only_memory_up_to_t():
     assert (jac[torch.ones_like(jac).tril().bool()] > 0).all()
 
 
-@pytest.mark.parametrize("heads", [2, 3])  # head dims 15 and 10: zero-padded to 16
+@pytest.mark.parametrize("heads", [2, 3, 5])  # head dims 15, 10 (padded to 16) and 6 (8)
 def test_padded_head_dim_attention_equals_plain_softmax_attention(heads):
     torch.manual_seed(0)
     attn = CausalAttention(30, heads, bias=True).double().eval()
@@ -82,11 +101,50 @@ def test_padded_head_dim_attention_equals_plain_softmax_attention(heads):
         out = torch.einsum("bhts,sbhd->tbhd", scores.softmax(-1), v)
         return attn.out_proj(out.reshape(q.size(0), 2, 30))
 
-    with torch.no_grad():
-        torch.testing.assert_close(attn(x, memory), reference(x, memory), rtol=1e-12, atol=1e-12)
-        state = {}
-        steps = [attn(x[t:t + 1], memory[t:t + 1], incremental_state=state) for t in range(9)]
-    torch.testing.assert_close(torch.cat(steps), reference(x, memory), rtol=1e-12, atol=1e-12)
+    upstream = torch.randn(9, 2, 30).double()
+    for mem in (memory, None):  # cross-attention (k, v in one GEMM) and self (q, k, v in one)
+        expected = reference(x, x if mem is None else mem)
+        ref_grads = torch.autograd.grad((expected * upstream).sum(), list(attn.parameters()))
+        got = attn(x, mem)
+        grads = torch.autograd.grad((got * upstream).sum(), list(attn.parameters()))
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        for g, r in zip(grads, ref_grads):  # the zero padding routes no gradient astray
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            state = {}
+            steps = [attn(x[t:t + 1], None if mem is None else mem[t:t + 1],
+                          incremental_state=state) for t in range(9)]
+        torch.testing.assert_close(torch.cat(steps), expected.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_memories_projected_together_equal_each_blocks_layer_norm_and_projection(bias):
+    """project_memories folds every block's memory LayerNorm into its k/v projection and runs
+    one GEMM: values and gradients (also of the LayerNorms' weight/bias) as computed per block."""
+    torch.manual_seed(0)
+    blocks = [CrossDecoderBlock(30, 3, 2, 60, bias, 0.0).double() for _ in range(3)]
+    for block in blocks:  # LayerNorm affine parts away from (1, 0), so that folding matters
+        norm = block.memory_layer_norm
+        torch.nn.init.normal_(norm.weight, mean=1.0, std=0.5)
+        if norm.bias is not None:
+            torch.nn.init.normal_(norm.bias, std=0.5)
+    encoder_out = torch.randn(7, 2, 30, dtype=torch.float64)
+    upstream = torch.randn(len(blocks), 2, 2, 2, 7, 16, dtype=torch.float64)  # block, k/v, ...
+    params = [p for b in blocks for p in (*b.memory_layer_norm.parameters(),
+                                          *b.encoder_attn.k_proj.parameters(),
+                                          *b.encoder_attn.v_proj.parameters())]
+    together = torch.stack([torch.stack(kv) for kv in project_memories(blocks, encoder_out)])
+    each = torch.stack([torch.stack(b.encoder_attn.split_heads(F.linear(
+        b.memory_layer_norm(encoder_out),
+        *b.encoder_attn.input_weights((b.encoder_attn.k_proj, b.encoder_attn.v_proj)))))
+        for b in blocks])
+    torch.testing.assert_close(together, each, rtol=1e-12, atol=1e-12)
+    assert torch.equal(together[..., 15:], torch.zeros_like(together[..., 15:]))  # padding
+    grads = torch.autograd.grad((together * upstream).sum(), params)
+    expected = torch.autograd.grad((each * upstream).sum(), params)
+    assert len(params) == (18 if bias else 9)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("arch,extra", [("ar_encdec_lm_tiny", e) for e in AR_OPTIONS]

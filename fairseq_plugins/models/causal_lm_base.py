@@ -109,7 +109,7 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
         raise NotImplementedError
 
     def output_layer(self, features: Tensor) -> Tensor:
-        return F.linear(features, self.embed_tokens.weight)
+        return TiedOutputProjection.apply(features, self.embed_tokens.weight)
 
     def max_positions(self):
         return self.context
@@ -132,6 +132,32 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
         table not at all."""
         unique = {id(p): p for p in self.parameters()}
         return sum(p.numel() for p in unique.values()) - self.embed_positions.weight.numel()
+
+
+class TiedOutputProjection(torch.autograd.Function):
+    """logits = features @ W^T (features ... x C, W = the V x C token embedding), F.linear's
+    value and gradients, with the weight gradient G^T X computed on X zero-padded to a multiple
+    of 16 columns: on CPU (AVX-512) the V x C product with C = 150 (the reference's width)
+    takes ~15% longer than with C = 160, more than the padding and the copy back cost."""
+
+    @staticmethod
+    def forward(ctx, features: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(features, weight)
+        return F.linear(features, weight)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        features, weight = ctx.saved_tensors
+        grad_features = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_features = grad @ weight
+        if ctx.needs_input_grad[1]:
+            dim = features.size(-1)
+            x = features.reshape(-1, dim)
+            pad = -dim % 16 if x.device.type == "cpu" else 0
+            grad_weight = grad.reshape(-1, grad.size(-1)).t() @ (F.pad(x, (0, pad)) if pad else x)
+            grad_weight = grad_weight[:, :dim].contiguous() if pad else grad_weight
+        return grad_features, grad_weight
 
 
 class CausalLM(FairseqLanguageModel):

@@ -5,12 +5,13 @@
 
 Training: tokens/s (median of timed windows of forward + backward + Adam step) of
 ``ar_encdec_lm_yif`` (without and with the MSE embedding loss) against ``gpt_baseline_lm_yif``,
-the reference sizes with V = 50,257 and context 200, the variant and the baseline alternating in
-one process; peak memory growth of training in a process per model. Generation: tokens/s of
+the reference sizes with V = 50,257 and context 200, the baseline and both variants taking turns
+in one process (each in every slot of the rotation, so that a drifting machine speed hits all
+alike); peak memory growth of training in a process per model. Generation: tokens/s of
 continuing a 150-token context by 50 tokens with the incremental cache against recomputing the
 whole prefix every token (what a model without a cache costs), for both models (the prompt is
-fed through the cache untimed: the figure is the cost per generated token at context ~200). Ratios are the
-result; absolute numbers only mean something on a GPU.
+fed through the cache untimed: the figure is the cost per generated token at context ~200).
+Ratios are the result; absolute numbers only mean something on a GPU.
 """
 import os
 import sys
@@ -105,14 +106,14 @@ def worker(job):
         return {"cached_tokens_per_second": n / times[True],
                 "recompute_tokens_per_second": n / times[False],
                 "cache_speedup": round(times[False] / times[True], 2)}
-    names = [job["baseline"], job["model"]]
+    names = list(job["models"])  # the baseline and every variant, interleaved in one process
     benches = {n: build(n) for n in names}
     times = {n: [] for n in names}
     for n in names:
         for _ in range(w["warmup"]):
             benches[n].train_step()
     for i in range(w["train"]):
-        for n in (names if i % 2 == 0 else names[::-1]):
+        for n in names[i % len(names):] + names[:i % len(names)]:  # each model in every slot
             times[n] += common.timed_windows(benches[n].train_step, 1, w["steps"], 0, device)
     tokens = cfg["batch"] * cfg["context"]
     return {n: {"train_seconds_per_update": common.median(times[n]),
@@ -132,7 +133,7 @@ def run(args):
         windows = dict(train=2, steps=1, warmup=1, gen=1)
     else:
         cfg = dict(vocab=50257, context=200, batch=4, gen_batch=1, gen_context=150, gen_tokens=50)
-        windows = dict(train=5, steps=2, warmup=1, gen=3)
+        windows = dict(train=9, steps=2, warmup=1, gen=3)
     script = os.path.abspath(__file__)
     job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                windows=windows, models=models)
@@ -143,19 +144,17 @@ def run(args):
                                             args.threads)
         results[name].update(common.run_isolated(script, dict(job, mode="generate", model=name),
                                                  args.threads))
+    print(f"[bench] {', '.join(models)}: training (interleaved in one process) ...",
+          file=sys.stderr, flush=True)
+    train = common.run_isolated(script, dict(job, mode="train"), args.threads)
+    base_mem = results[BASELINE]["train_peak_memory_growth_mb"]
     for name in models:
+        results[name].update(train[name])
         if name == BASELINE:
             continue
-        print(f"[bench] {name} vs {BASELINE}: training (interleaved) ...", file=sys.stderr,
-              flush=True)
-        pair = common.run_isolated(script, dict(job, mode="train", model=name, baseline=BASELINE),
-                                   args.threads)
-        results[name].update(pair[name])
-        results[name]["baseline_in_same_process"] = pair[BASELINE]
-        base_mem = results[BASELINE]["train_peak_memory_growth_mb"]
         ratios[name] = {
-            "train_tokens_per_second_ratio": round(pair[name]["train_tokens_per_second"]
-                                                   / pair[BASELINE]["train_tokens_per_second"], 3),
+            "train_tokens_per_second_ratio": round(train[name]["train_tokens_per_second"]
+                                                   / train[BASELINE]["train_tokens_per_second"], 3),
             "memory_growth_ratio": round(results[name]["train_peak_memory_growth_mb"] / base_mem, 3)
             if base_mem > 0 else None,
         }

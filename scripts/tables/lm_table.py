@@ -78,7 +78,7 @@ SUBSTITUTIONS = {
     "small": ["WikiText-2 (2M tokens) with an 8k SentencePiece vocabulary instead of ~179 MB of "
               "Wikipedia with GPT-2 BPE",
               "models of ~0.9M parameters (AR: d=64, 3+3 blocks, 4/8 heads; baseline d=68, 6 "
-              "blocks; smaller baseline d=66, 6 blocks, 6 heads) instead of ~16M",
+              "blocks, 4 heads; smaller baseline d=66, 6 blocks, 6 heads) instead of ~16M",
               "context 128, 16 sequences per update, 800 updates, lr 2e-3 (the reference: context "
               "200, 800 sequences per update, 9,000 updates, lr 9e-4)",
               "fairseq's Adam with --weight-decay 0.1 decays every tensor; the reference decays "
