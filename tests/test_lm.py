@@ -10,6 +10,7 @@ from conftest import cli_env, run_cli
 from helpers import PLUGIN_DIR, SCRIPTS, build_language_model, make_dict
 
 from fairseq_plugins.criterions.lm_embedding_loss import LMEmbeddingLossCriterion, embedding_loss
+from fairseq_plugins.models.causal_lm_base import TiedOutputProjection
 from fairseq_plugins.modules.lm_blocks import CausalAttention, CrossDecoderBlock, project_memories
 
 EMB = ["--criterion", "lm_embedding_loss", "--embedding-loss"]
@@ -115,6 +116,21 @@ def test_padded_head_dim_attention_equals_plain_softmax_attention(heads):
             steps = [attn(x[t:t + 1], None if mem is None else mem[t:t + 1],
                           incremental_state=state) for t in range(9)]
         torch.testing.assert_close(torch.cat(steps), expected.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dim", [150, 16, 7])  # weight gradient padded to 160 / as is / to 16
+def test_tied_output_projection_has_linears_values_and_gradients(dim):
+    x = torch.randn(3, 5, dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, dim, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(3, 5, 11, dtype=torch.float64)
+    got = TiedOutputProjection.apply(x, weight)
+    expected = F.linear(x, weight)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for g, e in zip(torch.autograd.grad((got * upstream).sum(), [x, weight]),
+                    torch.autograd.grad((expected * upstream).sum(), [x, weight])):
+        assert g.shape == e.shape and g.is_contiguous()
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(TiedOutputProjection.apply, (x[:1, :2], weight[:3]))
 
 
 @pytest.mark.parametrize("bias", [False, True])
