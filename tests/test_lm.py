@@ -177,6 +177,30 @@ def test_incremental_equals_full_forward(arch, extra):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+def test_incremental_decoding_builds_the_fused_weights_once_per_search(monkeypatch):
+    import fairseq_plugins.models.ar_encdec_lm as ar_module
+    from fairseq_plugins.modules import lm_blocks
+
+    built = []
+    original = lm_blocks.CausalAttention.input_weights
+    monkeypatch.setattr(ar_module, "memory_projection", lambda blocks: built.append("memory")
+                        or lm_blocks.memory_projection(blocks))
+    monkeypatch.setattr(lm_blocks.CausalAttention, "input_weights",
+                        lambda self, *a, **k: built.append("input") or original(self, *a, **k))
+    model, _, _ = _lm("ar_encdec_lm_tiny")
+    model.eval()
+    tokens = _tokens(length=6)
+    with torch.no_grad():
+        state = {}
+        for t in range(tokens.size(1)):
+            model.decoder(tokens[:, :t + 1], incremental_state=state)
+        per_search = list(built)
+        model.decoder(tokens)  # without a state: built per call
+    # q/k/v of 2 + 2 self-attentions, q of 2 cross-attentions, k/v of 2 blocks' memories
+    assert per_search.count("memory") == 1 and per_search.count("input") == 4 + 2 + 2
+    assert built[len(per_search):].count("memory") == 1
+
+
 def test_pos_subtraction_uses_the_next_positions_row():
     sub, _, _ = _lm("ar_encdec_lm_tiny", ["--pos-embed-subtraction", "yes_no_ln"])
     plain, _, _ = _lm("ar_encdec_lm_tiny")

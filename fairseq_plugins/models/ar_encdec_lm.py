@@ -20,8 +20,8 @@ import argparse
 import torch
 from torch import nn
 
-from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, layer_norm, memory_projection,
-                                 project_memories)
+from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per_search,
+                                 layer_norm, memory_projection, project_memories)
 from ..registry import register_model, register_model_architecture
 from .causal_lm_base import (CausalLM, CausalLMDecoder, add_lm_args, base_lm_args,
                              embedding_loss_requested)
@@ -72,8 +72,9 @@ class ArEncDecDecoder(CausalLMDecoder):
         next_positions = self.embed_positions(positions + 1)[:, None]  # T x 1 x C
         if self.add_pos_embed_to_decoder:
             x = x + next_positions
-        memories = project_memories(self.layers, encoder_out,
-                                    self._memory_projection(incremental_state))
+        projection = built_once_per_search(self, incremental_state, "memory_projection",
+                                           lambda: memory_projection(self.layers))
+        memories = project_memories(self.layers, encoder_out, projection)
         for layer, memory_kv in zip(self.layers, memories):
             x = layer(x, memory_kv, incremental_state=incremental_state)
         x = self.final_layer_norm(x)
@@ -90,18 +91,6 @@ class ArEncDecDecoder(CausalLMDecoder):
                     encoder_out.detach().transpose(0, 1)),
             }
         return x.transpose(0, 1), extra
-
-
-    def _memory_projection(self, incremental_state):
-        """The blocks' fused memory k/v projection: built per call in training, once per search
-        in incremental decoding (one-token steps would otherwise rebuild it every step)."""
-        if incremental_state is None:
-            return memory_projection(self.layers)
-        projection = self.get_incremental_state(incremental_state, "memory_projection")
-        if projection is None:
-            projection = memory_projection(self.layers)
-            self.set_incremental_state(incremental_state, "memory_projection", projection)
-        return projection
 
 
 @register_model(MODEL_NAME)

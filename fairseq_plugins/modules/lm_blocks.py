@@ -20,6 +20,19 @@ def layer_norm(dim: int, bias: bool) -> nn.LayerNorm:
     return nn.LayerNorm(dim, eps=1e-5, bias=bias)
 
 
+def built_once_per_search(module, incremental_state, key: str, build):
+    """``build()`` (weights derived from parameters); in incremental decoding built once per
+    search and kept in ``module``'s incremental state under ``key`` (the parameters do not change
+    within a search), so that one-token steps do not rebuild it. Not reordered by beam search."""
+    if incremental_state is None:
+        return build()
+    built = module.get_incremental_state(incremental_state, key)
+    if built is None:
+        built = build()
+        module.set_incremental_state(incremental_state, key, built)
+    return built
+
+
 @with_incremental_state
 class CausalAttention(nn.Module):
     """Multi-head attention of queries x (T x B x C) over a same-length memory (default: x),
@@ -76,26 +89,20 @@ class CausalAttention(nn.Module):
         return y.view(length, bsz, -1, self.num_heads, self.padded_head_dim).permute(
             2, 1, 3, 0, 4).unbind(0)
 
-    def _weights(self, incremental_state, name: str) -> Tuple[Tensor, Optional[Tensor]]:
-        """The built weight and bias ``name`` ('qkv', 'q', 'kv': input projections; 'out'); in
-        incremental decoding built once per search and kept in the state (the parameters do
-        not change within one), so that a one-token step does not rebuild them."""
-        cached = (self.get_incremental_state(incremental_state, name)
-                  if incremental_state is not None else None)
-        if cached is not None:
-            return cached["weight"], cached["bias"]
-        if name == "out":
+    def _weights(self, incremental_state, name: str) -> Dict[str, Optional[Tensor]]:
+        """{"weight", "bias"} of ``name`` ('qkv', 'q', 'kv': input projections; 'out'), built
+        once per search in incremental decoding (:func:`built_once_per_search`)."""
+        def build():
+            if name != "out":
+                weight, bias = self.input_weights([getattr(self, f"{c}_proj") for c in name])
+                return {"weight": weight, "bias": bias}
             weight, h, hd, hp = self.out_proj.weight, self.num_heads, self.head_dim, \
                 self.padded_head_dim
             if hp != hd:
                 weight = F.pad(weight.view(-1, h, hd), (0, hp - hd)).view(-1, h * hp)
-            built = weight, self.out_proj.bias
-        else:
-            built = self.input_weights([getattr(self, f"{c}_proj") for c in name])
-        if incremental_state is not None:
-            self.set_incremental_state(incremental_state, name,
-                                       {"weight": built[0], "bias": built[1]})
-        return built
+            return {"weight": weight, "bias": self.out_proj.bias}
+
+        return built_once_per_search(self, incremental_state, name, build)
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
@@ -105,11 +112,11 @@ class CausalAttention(nn.Module):
         :meth:`input_weights` with ``(k_proj, v_proj)`` and :meth:`split_heads`).
         -> T x B x C."""
         if memory is None and memory_kv is None:
-            q, k, v = self.split_heads(F.linear(x, *self._weights(incremental_state, "qkv")))
+            q, k, v = self.split_heads(F.linear(x, **self._weights(incremental_state, "qkv")))
         else:
-            q, = self.split_heads(F.linear(x, *self._weights(incremental_state, "q")))
+            q, = self.split_heads(F.linear(x, **self._weights(incremental_state, "q")))
             k, v = memory_kv if memory_kv is not None else self.split_heads(
-                F.linear(memory, *self._weights(incremental_state, "kv")))
+                F.linear(memory, **self._weights(incremental_state, "kv")))
         causal = True
         if incremental_state is not None:
             cache = self.get_incremental_state(incremental_state, "cache")
@@ -125,7 +132,7 @@ class CausalAttention(nn.Module):
                                              scale=self.head_dim ** -0.5)
         bsz, h, length, hp = out.shape  # -> T x B x (H x hp), out_proj with zero columns
         return F.linear(out.permute(2, 0, 1, 3).reshape(length, bsz, h * hp),
-                        *self._weights(incremental_state, "out"))
+                        **self._weights(incremental_state, "out"))
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         cache = self.get_incremental_state(incremental_state, "cache")
