@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
 from ..modules.lm_blocks import layer_norm
+from ..modules import precision
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
         raise NotImplementedError
 
     def output_layer(self, features: Tensor) -> Tensor:
-        return TiedOutputProjection.apply(features, self.embed_tokens.weight)
+        return tied_output_projection(features, self.embed_tokens.weight)
 
     def max_positions(self):
         return self.context
@@ -137,12 +138,18 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
 class TiedOutputProjection(torch.autograd.Function):
     """logits = features @ W^T (features ... x C, W = the V x C token embedding), F.linear's
     value and gradients, with the weight gradient G^T X computed on X zero-padded to a multiple
-    of 16 columns: on CPU (AVX-512) the V x C product with C = 150 (the reference's width)
-    takes ~15% longer than with C = 160, more than the padding and the copy back cost."""
+    of 16 columns where :func:`precision.cpu_tuned` holds: on CPU (AVX-512) in float32 the
+    V x C product with C = 150 (the reference's width) takes ~15% longer than with C = 160,
+    more than the padding and the copy back cost. Elsewhere the weight gradient is the plain
+    product. Autocast-aware (:func:`precision.autocast_inputs`): under autocast both inputs
+    are cast to its dtype, as F.linear's are."""
 
     @staticmethod
     def forward(ctx, features: Tensor, weight: Tensor) -> Tensor:
+        features, weight = precision.autocast_inputs(features, weight)
         ctx.save_for_backward(features, weight)
+        tuned = precision.cpu_tuned(features) and precision.cpu_tuned(weight)
+        ctx.pad = -features.size(-1) % 16 if tuned else 0
         return F.linear(features, weight)
 
     @staticmethod
@@ -152,12 +159,20 @@ class TiedOutputProjection(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = grad @ weight
         if ctx.needs_input_grad[1]:
-            dim = features.size(-1)
+            dim, pad = features.size(-1), ctx.pad
             x = features.reshape(-1, dim)
-            pad = -dim % 16 if x.device.type == "cpu" else 0
             grad_weight = grad.reshape(-1, grad.size(-1)).t() @ (F.pad(x, (0, pad)) if pad else x)
             grad_weight = grad_weight[:, :dim].contiguous() if pad else grad_weight
         return grad_features, grad_weight
+
+
+def tied_output_projection(features: Tensor, weight: Tensor) -> Tensor:
+    """features (... x C) @ weight (V x C)^T: :class:`TiedOutputProjection` where its padded
+    weight gradient runs (:func:`precision.cpu_tuned`), else ``F.linear`` (equal values and
+    gradients, tested)."""
+    if precision.cpu_tuned(features) and precision.cpu_tuned(weight):
+        return TiedOutputProjection.apply(features, weight)
+    return F.linear(features, weight)
 
 
 class CausalLM(FairseqLanguageModel):

@@ -14,6 +14,8 @@ from torch import Tensor, nn
 
 from fairseq.incremental_decoding_utils import with_incremental_state
 
+from . import precision
+
 
 def layer_norm(dim: int, bias: bool) -> nn.LayerNorm:
     """LayerNorm with eps 1e-5; weight only when ``bias`` is False (the reference's use_bias)."""
@@ -43,10 +45,12 @@ class CausalAttention(nn.Module):
     that one GEMM projects everything read from the same input (q, k, v for self-attention;
     k, v for a memory). A head dim that is not a multiple of 8 (the reference's 150 / 5 = 30 and
     150 / 10 = 15) is zero-padded to one in the *weights* (zero rows in the input projections,
-    zero columns in the output projection): scores and outputs are exactly those of the true
-    head dim (the scale is set from it), the fused CPU kernels run on their vectorised path
-    (10 heads of 15 train ~25% faster padded to 16), and no activation is copied to pad it.
-    The cache holds the padded keys/values (B x H x T x padded head dim)."""
+    zero columns in the output projection) where :func:`precision.cpu_tuned` holds (CPU, full
+    precision, no autocast; measured there: 10 heads of 15 train ~25% faster padded to 16, the
+    fused CPU kernels then run on their vectorised path): scores and outputs are exactly those
+    of the true head dim (the scale is set from it), and no activation is copied to pad it.
+    Elsewhere the head dim is the true one (equal outputs, tested). The cache holds the keys/
+    values as projected (B x H x T x :meth:`padded_head_dim`)."""
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool, dropout: float = 0.0):
         super().__init__()
@@ -54,12 +58,17 @@ class CausalAttention(nn.Module):
             raise ValueError(f"{num_heads} attention heads do not divide the embedding dim "
                              f"{embed_dim}")
         self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
-        self.padded_head_dim = self.head_dim + (-self.head_dim % 8)
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.dropout = dropout
+
+    def padded_head_dim(self, like: Tensor) -> int:
+        """The head dim the projections produce for tensors like ``like`` (an input or a
+        parameter of this module): the next multiple of 8 where :func:`precision.cpu_tuned`
+        holds, else the true head dim."""
+        return self.head_dim + (-self.head_dim % 8 if precision.cpu_tuned(like) else 0)
 
     def input_weights(self, projections, layer_norm: Optional[nn.LayerNorm] = None
                       ) -> Tuple[Tensor, Optional[Tensor]]:
@@ -67,7 +76,8 @@ class CausalAttention(nn.Module):
         projections stacked, so that one GEMM applies them all. With ``layer_norm``, its affine
         part is folded in (W diag(gamma), W beta + b): the GEMM then takes the *normalised*
         input, which the caller may share with other LayerNorms of the same input."""
-        n, h, hd, hp = len(projections), self.num_heads, self.head_dim, self.padded_head_dim
+        n, h, hd = len(projections), self.num_heads, self.head_dim
+        hp = self.padded_head_dim(projections[0].weight)
         weight = torch.stack([p.weight for p in projections])  # n x C_out x C_in
         bias = (torch.stack([p.bias for p in projections])
                 if projections[0].bias is not None else None)
@@ -86,7 +96,7 @@ class CausalAttention(nn.Module):
         """T x B x (n x H x hp) (the GEMM with :meth:`input_weights`) -> n B x H x T x hp
         tensors (strided views)."""
         length, bsz, _ = y.shape
-        return y.view(length, bsz, -1, self.num_heads, self.padded_head_dim).permute(
+        return y.view(length, bsz, -1, self.num_heads, self.padded_head_dim(y)).permute(
             2, 1, 3, 0, 4).unbind(0)
 
     def _weights(self, incremental_state, name: str) -> Dict[str, Optional[Tensor]]:
@@ -96,8 +106,8 @@ class CausalAttention(nn.Module):
             if name != "out":
                 weight, bias = self.input_weights([getattr(self, f"{c}_proj") for c in name])
                 return {"weight": weight, "bias": bias}
-            weight, h, hd, hp = self.out_proj.weight, self.num_heads, self.head_dim, \
-                self.padded_head_dim
+            weight, h, hd = self.out_proj.weight, self.num_heads, self.head_dim
+            hp = self.padded_head_dim(weight)
             if hp != hd:
                 weight = F.pad(weight.view(-1, h, hd), (0, hp - hd)).view(-1, h * hp)
             return {"weight": weight, "bias": self.out_proj.bias}

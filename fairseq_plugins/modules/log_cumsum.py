@@ -12,6 +12,12 @@ whose factors are all in [0, 1] (y never decreases), so it is as stable as the f
 directions loop over the scanned dimension in Python with one vectorised op per position over
 everything else: the scanned dimension should be a sequence length (tens to hundreds), the rest
 large. Not twice differentiable.
+
+Precision: the scan runs in float32 (float64 stays float64) whatever the input dtype, and the
+result is rounded to the input's dtype once: in float16/bfloat16 a running sum rounded at every
+step loses accuracy with length. Positions whose running value is -inf (a prefix of -inf
+inputs, e.g. a large negative mask that overflowed in float16) carry no probability mass and
+get zero gradient, not 0 * inf = NaN.
 """
 import torch
 from torch import Tensor
@@ -35,17 +41,22 @@ class _CausalLogCumSumExp(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         steps, out = ctx.saved_tensors
         grad = grad.movedim(ctx.dim, 0).contiguous()
-        decay = torch.exp(out[:-1] - out[1:])
+        empty = out == float("-inf")  # no mass yet: e^{x - y} and e^{y - y'} are 0/0 there
+        decay = torch.exp(out[:-1] - out[1:]).masked_fill_(empty[1:], 0.0)
         acc = torch.empty_like(grad)
         acc[-1] = grad[-1]
         for t in range(grad.size(0) - 2, -1, -1):
             torch.addcmul(grad[t], decay[t], acc[t + 1], out=acc[t])
-        return (torch.exp(steps - out) * acc).movedim(0, ctx.dim), None
+        share = torch.exp(steps - out).masked_fill_(empty, 0.0)
+        return (share * acc).movedim(0, ctx.dim), None
 
 
 def causal_logcumsumexp(x: Tensor, dim: int) -> Tensor:
-    """``torch.logcumsumexp(x, dim)`` (same values, any shape and float dtype), faster to
-    train through on CPU; see the module doc."""
+    """``torch.logcumsumexp(x, dim)`` (same values, any shape and float dtype; the result has
+    ``x``'s dtype), faster to train through on CPU; computed in at least float32, see the
+    module doc."""
     if x.size(dim) == 0:
         return x.clone()
-    return _CausalLogCumSumExp.apply(x, dim % x.dim())
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    with torch.autocast(x.device.type, enabled=False):
+        return _CausalLogCumSumExp.apply(wide, dim % x.dim()).to(x.dtype)
