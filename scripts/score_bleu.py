@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.metrics.bleu import corpus_bleu  # noqa: E402
 from fairseq_plugins.metrics.generate_log import (  # noqa: E402
     GenerateLogError,
+    add_format_arg,
     read_hypotheses,
     read_lines,
 )
@@ -35,10 +36,11 @@ def main(argv=None):
                    help="CoGnition recipe: strip '@@ ' and spaces from hypotheses, --tokenize zh")
     p.add_argument("--tokenize", help="sacreBLEU tokeniser (default 13a; zh with --cognition-zh)")
     p.add_argument("--json", action="store_true")
+    add_format_arg(p)
     args = p.parse_args(argv)
     try:
         refs = read_lines(args.ref)
-        hyps = read_hypotheses(args.hyp, len(refs), args.ref)
+        hyps = read_hypotheses(args.hyp, len(refs), args.ref, args.format)
         result = corpus_bleu(hyps, refs, cognition_zh=args.cognition_zh, tokenize=args.tokenize)
     except (OSError, ValueError, GenerateLogError) as e:
         print(f"score_bleu.py: error: {e}", file=sys.stderr)

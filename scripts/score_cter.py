@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.metrics.cter import CterInputError, cter, read_lexicon  # noqa: E402
 from fairseq_plugins.metrics.generate_log import (  # noqa: E402
     GenerateLogError,
+    add_format_arg,
     read_hypotheses,
     read_lines,
 )
@@ -47,6 +48,7 @@ def main(argv=None):
     p.add_argument("--source", help="cg-test.en: checks every compound occurs in its sentence")
     p.add_argument("--strict", action="store_true", help="fix the official tool's lexicon quirks")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format_arg(p)
     args = p.parse_args(argv)
     try:
         compounds = read_lines(args.compound)
@@ -56,7 +58,7 @@ def main(argv=None):
         lexicon = read_lexicon(args.lexicon, strict=args.strict)
         if args.source:
             check_sources(compounds, args.source)
-        hyps = read_hypotheses(args.hyp, len(compounds), args.compound)
+        hyps = read_hypotheses(args.hyp, len(compounds), args.compound, args.format)
         result = cter(compounds, hyps, lexicon)
     except (OSError, CterInputError, GenerateLogError) as e:
         print(f"score_cter.py: error: {e}", file=sys.stderr)

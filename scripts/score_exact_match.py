@@ -5,8 +5,10 @@
         --gen-subset test --beam 5 --required-batch-size-multiple 1 > gen.txt
     python scripts/score_exact_match.py gen.txt [--ref test.out] [--categories cats.txt] [--json]
 
-Hypotheses are taken in sample-id order (D- lines, i.e. detokenised, when present); references
-from ``--ref`` (one per line, in the original order) or else the log's T- lines. With
+Hypotheses are taken in sample-id order (D- lines, i.e. detokenised, when present) from a
+fairseq-generate log, recognised by its scored H-/D- lines, or else line by line from a plain file
+(``--format {auto,log,plain}`` overrides the guess); references from ``--ref`` (one per line, in
+the original order) or else the log's T- lines. With
 ``--categories`` (one label per line, e.g. COGS's third column) accuracy is also given per label.
 """
 import argparse
@@ -20,25 +22,39 @@ import sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.metrics.exact_match import exact_match  # noqa: E402
-from fairseq_plugins.metrics.generate_log import GenerateLogError, read_generate_log, read_lines  # noqa: E402
+from fairseq_plugins.metrics.generate_log import (  # noqa: E402
+    GenerateLogError,
+    add_format_arg,
+    read_generate_log,
+    read_hypotheses,
+    read_lines,
+    resolve_format,
+)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("log", help="fairseq-generate output")
+    p.add_argument("log", help="fairseq-generate output, or plain hypotheses (one per line, in "
+                   "reference order; needs --ref)")
     p.add_argument("--ref", help="reference file, one line per sample in original order")
     p.add_argument("--categories", help="category label per sample, one per line")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format_arg(p)
     args = p.parse_args(argv)
     try:
         refs = read_lines(args.ref) if args.ref else None
-        log = read_generate_log(args.log, expected=len(refs) if refs is not None else None)
-        if refs is None:
-            refs = log["references"]
+        if refs is not None:
+            hyps = read_hypotheses(args.log, len(refs), args.ref, args.format)
+        elif resolve_format(args.log, args.format) == "plain":
+            raise ValueError(f"{args.log} is a plain hypothesis file (no scored H-/D- lines "
+                             "of a fairseq-generate log): pass --ref")
+        else:
+            log = read_generate_log(args.log)
+            hyps, refs = log["hypotheses"], log["references"]
             if not refs:
                 raise ValueError(f"{args.log} has no T- lines: pass --ref")
         cats = read_lines(args.categories) if args.categories else None
-        result = exact_match(log["hypotheses"], refs, cats)
+        result = exact_match(hyps, refs, cats)
     except (OSError, ValueError, GenerateLogError) as e:
         print(f"score_exact_match.py: error: {e}", file=sys.stderr)
         return 2

@@ -64,3 +64,25 @@ def test_bench_suite_rejects_unknown_parts_and_cpu_fp16(tmp_path):
     assert proc.returncode == 2 and "unknown part(s) gpu" in proc.stderr
     proc = subprocess.run([sys.executable, run, "--fp16"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
+
+
+def _suite_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_suite",
+                                                  os.path.join(SCRIPTS, "bench", "run.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_runs_never_write_over_the_committed_results():
+    suite = _suite_module()
+    results = os.path.join(suite.common.REPO, "results")
+    full, quick = suite.parse_args([]), suite.parse_args(["--quick"])
+    assert (full.out, full.markdown, full.plot) == tuple(
+        os.path.join(results, f) for f in ("bench.json", "bench.md", "bench_scaling.png"))
+    for path in (quick.out, quick.markdown, quick.plot):
+        assert not os.path.abspath(path).startswith(results + os.sep), path
+    # explicit paths still win
+    assert suite.parse_args(["--quick", "--out", "x.json"]).out == "x.json"

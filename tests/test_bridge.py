@@ -145,6 +145,22 @@ def test_finetune_from_model_end_to_end(scan_bin):
     assert sum(line.startswith("H-") for line in out.splitlines()) == 200
 
 
+def test_finetune_from_a_checkpoint_of_another_depth_ends_with_the_precise_message(scan_bin):
+    """fairseq-train stops at build time with the bridge's message as the last line (not
+    fairseq's generic "ensure that the architectures match" raised around its load)."""
+    plain = train(scan_bin, "transformer_tiny", updates=1, name="plain-2-layers")
+    proc = run_cli("fairseq-train", scan_bin / "bin", "--user-dir", PLUGIN_DIR,
+                   "--arch", "bridge_transformer_tiny", "--encoder-layers", "3",
+                   "--finetune-from-model", plain, "--optimizer", "adam", "--lr", "1e-3",
+                   "--max-tokens", "1024", "--max-update", "1", "--num-workers", "0",
+                   "--save-dir", scan_bin / "ckpt-bridge-3-layers", check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ValueError: checkpoint has 2 encoder layers, the bridge reads 3 (--encoder-layers): "
+        "cannot add a bridge to it")
+    assert not (scan_bin / "ckpt-bridge-3-layers" / "checkpoint_last.pt").exists()
+
+
 def _save_checkpoint(model, args, path):
     torch.save({"args": args, "model": model.state_dict()}, path)
 

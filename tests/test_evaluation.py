@@ -70,6 +70,57 @@ def test_score_bleu_cli(tmp_path):
     assert proc.returncode == 2 and "short.txt: 1 hypothesis lines, but" in proc.stderr
 
 
+def test_score_exact_match_reads_a_plain_hypothesis_file(tmp_path):
+    ref = tmp_path / "valid.out"
+    ref.write_text("I_RUN\nI_WALK\nI_LOOK\n")
+    hyps = tmp_path / "hyps.txt"
+    hyps.write_text("I_RUN\nI_JUMP\nI_LOOK\n")
+    proc = _script("score_exact_match.py", hyps, "--ref", ref, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["correct"] == 2
+    # a plain file needs references: one line, exit 2
+    proc = _script("score_exact_match.py", hyps)
+    assert proc.returncode == 2 and "plain hypothesis file" in proc.stderr and "--ref" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("script", ["score_exact_match.py", "score_bleu.py"])
+def test_plain_lines_that_start_like_log_lines_are_plain_unless_told(tmp_path, script):
+    ref = tmp_path / "ref"
+    lines = "H-1\tjump twice and walk left\nH-0\twalk around right after look\n"
+    ref.write_text(lines)
+    hyps = tmp_path / "hyps.txt"  # the hypotheses themselves start with "H-<n>\t"
+    hyps.write_text(lines)
+    key = "correct" if script == "score_exact_match.py" else "bleu"
+    proc = _script(script, hyps, "--ref", ref, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[key] == (2 if key == "correct" else pytest.approx(100.0))
+    # --format log forces the log reading: no scored hypothesis lines, a one-line error
+    proc = _script(script, hyps, "--ref", ref, "--format", "log")
+    assert proc.returncode == 2 and "no H-/D- hypothesis lines" in proc.stderr
+    # and a real log is still read as one in the auto mode, --format plain overrides it
+    log = tmp_path / "gen.txt"
+    log.write_text("S-1\tx\nH-1\t-0.2\tH-0\twalk around right after look\nS-0\ty\n"
+                   "H-0\t-0.1\tH-1\tjump twice and walk left\n")
+    proc = _script(script, log, "--ref", ref, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)[key] == json.loads(
+        _script(script, hyps, "--ref", ref, "--json").stdout)[key]
+    proc = _script(script, log, "--ref", ref, "--format", "plain")
+    assert proc.returncode == 2 and "4 hypothesis lines, but" in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["score_bleu.py", "score_exact_match.py"])
+def test_scorers_reject_empty_files_in_one_line(tmp_path, script):
+    empty_hyp, empty_ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    empty_hyp.write_text("")
+    empty_ref.write_text("")
+    proc = _script(script, empty_hyp, "--ref", empty_ref)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"{script}: error: no sentences to score (empty hypothesis " \
+        "and reference files?)"
+    assert proc.stdout == ""
+
+
 def _task(extra=()):
     from fairseq_plugins.tasks.seq2seq_eval import Seq2SeqEvalTask
 

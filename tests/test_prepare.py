@@ -208,6 +208,90 @@ def test_cognition_misaligned_compounds_are_an_error(tmp_path):
     assert not (tmp_path / "data-bin").exists()
 
 
+def test_wikitext_files_are_checked_against_the_release_sizes(tmp_path):
+    src = tmp_path / "wikitext-2"
+    src.mkdir()
+    (src / "train.txt").write_text(" = Title = \n" * 6000)  # cut from 36,718 lines
+    (src / "valid.txt").write_text("x\n" * 3760)
+    (src / "test.txt").write_text("x\n" * 4358)
+    proc = _run("lm.py", "--dataset", "wikitext-2", "--from", src, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"lm.py: error: {src / 'train.txt'}: 6000 lines, the release has "
+                           "36718 (ends at line 6000: truncated or wrong file?)\n")
+    assert not (tmp_path / "data-bin").exists()
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []
+
+
+def test_truncated_files_are_reported_under_the_users_file_name(tmp_path):
+    # COGS: the release's tsv, cut
+    cogs_dir = tmp_path / "cogs"
+    cogs_dir.mkdir()
+    (cogs_dir / "train.tsv").write_text("a\tb\tin_distribution\n" * 24155)
+    (cogs_dir / "dev.tsv").write_text("a\tb\tin_distribution\n" * 2999)
+    proc = _run("cogs.py", "--from", cogs_dir, "--splits", "train,dev", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"cogs.py: error: {cogs_dir / 'dev.tsv'}: 2999 lines, the "
+                                  "release has 3000 (ends at line 2999"), proc.stderr
+    # Multi30k: a plain file and a gzipped one, each cut
+    m30k = tmp_path / "multi30k"
+    m30k.mkdir()
+    (m30k / "train.de").write_text("ein hund\n" * 28990)
+    (m30k / "train.en").write_text("a dog\n" * 29000)
+    proc = _run("multi30k.py", "--from", m30k, cwd=tmp_path)
+    assert proc.returncode == 2 and f"{m30k / 'train.de'}: 28990 lines, the release has 29000" \
+        in proc.stderr, proc.stderr
+    (m30k / "train.de").unlink()
+    (m30k / "train.de.gz").write_bytes(gzip.compress(b"ein hund\n" * 28990))
+    proc = _run("multi30k.py", "--from", m30k, cwd=tmp_path)
+    assert proc.returncode == 2 and f"{m30k / 'train.de.gz'} (decompressed): 28990 lines" \
+        in proc.stderr, proc.stderr
+    # CoGnition: an empty line inside a file names the file and the line
+    cog = tmp_path / "cognition"
+    (cog / "cg-test").mkdir(parents=True)
+    for name in ("valid.en", "valid.zh", "test.en", "test.zh"):
+        (cog / name).write_text("x\n" * 10000)
+    (cog / "test.zh").write_text("x\n" * 4999 + "\n" + "x\n" * 5000)
+    for name in ("cg-test.en", "cg-test.zh", "cg-test.compound"):
+        (cog / "cg-test" / name).write_text("x\n" * 10800)
+    (cog / "lexicon").write_text("x\t/\n")
+    proc = _run("cognition.py", "--from", cog, "--train-on", "valid,test", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == f"cognition.py: error: {cog / 'test.zh'}:5000: empty line\n"
+    assert not (tmp_path / "data-bin").exists()
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []
+
+
+def test_finished_folders_get_the_users_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        with common.atomic_dir(str(tmp_path / "out")) as tmp:
+            open(os.path.join(tmp, "f"), "w").close()
+        assert os.stat(tmp_path / "out").st_mode & 0o777 == 0o755
+        os.umask(0o077)
+        with common.atomic_dir(str(tmp_path / "private")):
+            pass
+        assert os.stat(tmp_path / "private").st_mode & 0o777 == 0o700
+    finally:
+        os.umask(previous)
+
+
+def test_prepared_data_folders_are_readable_by_others_under_umask_022(tmp_path):
+    _write_corpus(tmp_path)
+    proc = subprocess.run(["bash", "-c", f"umask 022 && {sys.executable} "
+                           f"{os.path.join(PREPARE, 'lm.py')} --text corpus.txt --vocab-size 20"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for folder in (tmp_path / "data" / "corpus", tmp_path / "data-bin" / "corpus"):
+        assert os.stat(folder).st_mode & 0o777 == 0o755, folder
+
+
+def _write_corpus(root):
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
+    lines = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(4 + i % 5))
+             for i in range(400)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+
+
 def _cfq_release(root, examples, split_indices, corrupt=False):
     """A CFQ-shaped cfq1.1.tar.gz (dataset.json + splits/mcd1.json) in root."""
     import io

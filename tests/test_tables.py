@@ -154,6 +154,33 @@ def test_unknown_row_is_an_error(tmp_path):
     assert proc.returncode != 0 and "unknown row(s) lrf" in proc.stderr
 
 
+@pytest.mark.parametrize("script", ["lm_table.py", "lrf_cfq.py", "lrf_cognition.py",
+                                    "bridge_wmt16.py"])
+@pytest.mark.parametrize("scale", ["smoke", "small"])
+def test_missing_from_folder_is_one_line_exit_2_nothing_written(tmp_path, script, scale):
+    proc = subprocess.run([sys.executable, os.path.join(TABLES, script), "--scale", scale,
+                           "--from", tmp_path / "nonexistent"], capture_output=True, text=True,
+                          env=cli_env(), cwd=tmp_path)
+    name = script[:-3]
+    assert proc.returncode == 2
+    assert proc.stderr == f"{name}: error: --from {tmp_path / 'nonexistent'}: no such directory\n"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("script,missing", [("lm_table.py", "wikitext-2/train.txt"),
+                                            ("lrf_cfq.py", "cfq_mcd1/train_encode.txt")])
+def test_from_folder_without_the_dataset_is_one_line_exit_2_nothing_written(tmp_path, script,
+                                                                             missing):
+    (tmp_path / "downloads").mkdir()
+    scale = "smoke" if script == "lm_table.py" else "small"
+    proc = subprocess.run([sys.executable, os.path.join(TABLES, script), "--scale", scale,
+                           "--from", "downloads"], capture_output=True, text=True,
+                          env=cli_env(), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert missing in proc.stderr and "Traceback" not in proc.stderr
+    assert os.listdir(tmp_path) == ["downloads"]
+
+
 def test_plot_curves_reads_train_and_valid_records(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(

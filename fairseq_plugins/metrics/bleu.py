@@ -17,6 +17,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], cognition_
     """{'bleu': score, 'signature': sacreBLEU signature, 'text': sacreBLEU's one-line result}."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not references:
+        raise ValueError("no sentences to score (empty hypothesis and reference files?)")
     if cognition_zh:
         hypotheses = [normalise_hypothesis(h) for h in hypotheses]
         tokenize = tokenize or "zh"

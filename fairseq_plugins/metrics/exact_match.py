@@ -13,6 +13,8 @@ def exact_match(hypotheses: Sequence[str], references: Sequence[str],
     """Return {'exact_match': %, 'correct': n, 'total': n, 'per_category': {...}}."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not references:
+        raise ValueError("no sentences to score (empty hypothesis and reference files?)")
     if categories is not None and len(categories) != len(references):
         raise ValueError(f"{len(categories)} categories but {len(references)} references")
     hits: List[bool] = [normalise(h) == normalise(r) for h, r in zip(hypotheses, references)]

@@ -5,7 +5,13 @@ fairseq-generate prints batches in length order; each line carries its sample id
 detokenisation/BPE removal, ``D-<id>\t<score>\t<text>``. Scorers need every sample exactly once,
 in id order: a missing or repeated id is an error that names the file, line and id.
 """
+import re
 from typing import Dict, List, Optional
+
+FORMATS = ("auto", "log", "plain")
+# what makes a fairseq-generate / fairseq-interactive log: scored hypothesis lines,
+# H-<id><TAB><score><TAB><tokens> (and D-<id><TAB><score><TAB><text> after detokenisation)
+_SCORED_HYPOTHESIS = re.compile(r"^[HD]-\d+\t[-+]?(\d+\.?\d*|\.\d+|inf|nan)([eE][-+]?\d+)?\t")
 
 
 class GenerateLogError(ValueError):
@@ -23,9 +29,10 @@ def read_generate_log(path: str, expected: Optional[int] = None) -> Dict[str, Li
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             tag, sep, rest = line.rstrip("\n").partition("-")
-            if tag not in fields or not sep:
-                continue
-            parts = rest.split("\t")
+            if tag not in fields or not sep or (tag in "HD"
+                                                and not _SCORED_HYPOTHESIS.match(line)):
+                continue  # not a tagged line of fairseq-generate (hypotheses carry a score)
+            parts = rest.split("\t", 2 if tag in "HD" else 1)  # the text may hold tabs
             try:
                 sample_id = int(parts[0])
             except ValueError:
@@ -62,23 +69,41 @@ def read_lines(path: str) -> List[str]:
 
 
 def is_generate_log(path: str) -> bool:
-    """True when the file has fairseq-generate hypothesis lines (``H-<id>\\t``/``D-<id>\\t``)."""
-    import re
-
-    pattern = re.compile(r"^[HD]-\d+\t")
+    """True when the file has fairseq-generate's structure: at least one scored hypothesis line
+    (``H-<id>\\t<score>\\t...`` or ``D-...``). A plain file of hypotheses (one per line) is
+    not taken for one even where its lines start with ``H-<n>\\t``: a log's second field is
+    the score."""
     with open(path, encoding="utf-8") as f:
-        return any(pattern.match(line) for line in f)
+        return any(_SCORED_HYPOTHESIS.match(line) for line in f)
 
 
-def read_hypotheses(path: str, expected: int, what: str) -> List[str]:
-    """Hypotheses in original order from a fairseq-generate log or a plain file (one per line).
+def resolve_format(path: str, fmt: str) -> str:
+    """'log' or 'plain': ``fmt`` itself, or for 'auto' what :func:`is_generate_log` says."""
+    if fmt not in FORMATS:
+        raise GenerateLogError(f"unknown hypothesis format {fmt!r}; choose from {FORMATS}")
+    if fmt != "auto":
+        return fmt
+    return "log" if is_generate_log(path) else "plain"
+
+
+def read_hypotheses(path: str, expected: int, what: str, fmt: str = "auto") -> List[str]:
+    """Hypotheses in original order from a fairseq-generate log or a plain file (one per line),
+    as ``fmt`` says ('auto': :func:`resolve_format`).
 
     ``expected`` lines are required; ``what`` names the file they must align with in errors.
     """
-    if is_generate_log(path):
+    if resolve_format(path, fmt) == "log":
         return read_generate_log(path, expected=expected)["hypotheses"]
     hyps = read_lines(path)
     if len(hyps) != expected:
         raise GenerateLogError(f"{path}: {len(hyps)} hypothesis lines, but {what} has {expected} "
                                f"(first unmatched line: {min(len(hyps), expected) + 1})")
     return hyps
+
+
+def add_format_arg(parser) -> None:
+    """The scorers' ``--format`` flag."""
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="how to read the hypotheses: a fairseq-generate log (recognised by "
+                        "its scored H-/D- lines), a plain file (one hypothesis per line, in reference "
+                        "order), or auto (default): decide by the file's structure")

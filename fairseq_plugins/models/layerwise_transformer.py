@@ -23,6 +23,7 @@ so a bad combination fails before training starts.
 import argparse
 import contextlib
 import logging
+import os
 from typing import Dict, List, Optional
 
 import torch
@@ -234,6 +235,20 @@ def validate_bridge_args(args):
                          f"{args.encoder_layers} and {args.decoder_layers})")
 
 
+def check_finetune_source(model, args):
+    """``--finetune-from-model``: run the checkpoint's parameters through this model's
+    ``upgrade_state_dict_named`` hooks at build time (on a copy), so that a checkpoint the model
+    cannot start from (e.g. an encoder of another depth or width under a new bridge) stops the
+    run here with the hook's own message, rather than inside fairseq's load, whose generic
+    "please ensure that the architectures match" would be the last line."""
+    from fairseq import checkpoint_utils
+
+    path = getattr(args, "finetune_from_model", None)
+    if not path or not os.path.isfile(path):
+        return  # none, or fairseq's own "does not exist" error follows
+    model.upgrade_state_dict(dict(checkpoint_utils.load_checkpoint_to_cpu(path)["model"]))
+
+
 @register_model(MODEL_NAME)
 class LayerwiseTransformerModel(TransformerModel):
     """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
@@ -252,7 +267,9 @@ class LayerwiseTransformerModel(TransformerModel):
         validate_args(args)
         if args.bridge == "fc" and args.bridge_init is None:
             args.bridge_init = "original"
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        check_finetune_source(model, args)
+        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -13,6 +13,7 @@ the targets of the architecture issues. Every figure is a ratio to a baseline me
 same process; absolute numbers are printed but only mean something on a GPU. On a GPU, commit
 the JSON under its own name, e.g. ``--out results/bench_cuda_fp16.json``. No timing is ever
 asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
+``--quick`` writes to ``build/bench-quick/`` unless told otherwise, never over ``results/``.
 """
 import os
 import sys
@@ -89,20 +90,35 @@ def markdown(report):
     return "\n".join(lines)
 
 
-def main(argv=None):
+RESULTS = os.path.join(common.REPO, "results")
+# --quick numbers (tiny sizes) must never replace the committed results: they go here instead
+QUICK_RESULTS = os.path.join(common.REPO, "build", "bench-quick")
+
+
+def parse_args(argv=None):
+    """The suite's options; --out/--markdown/--plot default to results/bench.* for a full run
+    and to build/bench-quick/ for --quick."""
     p = common.bench_parser(__doc__.split("\n\n")[0])
-    p.set_defaults(out=os.path.join(common.REPO, "results", "bench.json"))
-    p.add_argument("--markdown", default=os.path.join(common.REPO, "results", "bench.md"),
-                   help="the markdown tables (default: results/bench.md)")
-    p.add_argument("--plot", default=os.path.join(common.REPO, "results", "bench_scaling.png"),
-                   help="the scaling curves as a PNG (default: results/bench_scaling.png)")
+    p.add_argument("--markdown", help="the markdown tables (default: results/bench.md)")
+    p.add_argument("--plot", help="the scaling curves as a PNG (default: "
+                   "results/bench_scaling.png)")
     p.add_argument("--only", default=",".join(PARTS),
                    help=f"comma-separated subset of {', '.join(PARTS)}")
     args = common.parse_bench_args(p, None, argv)  # also rejects --fp16 on the CPU
-    only = args.only.split(",")
-    unknown = sorted(set(only) - set(PARTS))
+    folder = QUICK_RESULTS if args.quick else RESULTS
+    for name, file in (("out", "bench.json"), ("markdown", "bench.md"),
+                       ("plot", "bench_scaling.png")):
+        if getattr(args, name) is None:
+            setattr(args, name, os.path.join(folder, file))
+    unknown = sorted(set(args.only.split(",")) - set(PARTS))
     if unknown:
         p.error(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    only = args.only.split(",")
     shared = ["--device", args.device, "--threads", str(args.threads)]
     shared += ["--quick"] * args.quick + ["--fp16"] * args.fp16
     parts = {}

@@ -74,19 +74,20 @@ def _open_release(from_dir, download):
         archive = tarfile.open(path, "r:gz")
         names = set(archive.getnames())
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise common.PrepareError(f"{path}: not a readable .tar.gz ({e}); truncated or corrupt "
-                                  "download?") from None
+        raise common.PrepareError(f"{common.origin(path)}: not a readable .tar.gz ({e}); "
+                                  "truncated or corrupt download?") from None
 
     def load(member):
         name = f"cfq/{member}"
         if name not in names:
-            raise common.PrepareError(f"{path}: has no {name} (not the CFQ release?)")
+            raise common.PrepareError(f"{common.origin(path)}: has no {name} "
+                                      "(not the CFQ release?)")
         try:
             data = archive.extractfile(name).read()
         except (tarfile.TarError, EOFError, OSError) as e:
-            raise common.PrepareError(f"{path}: {name} cannot be read ({e}); truncated "
-                                      "archive?") from None
-        return _parse(data.decode("utf-8"), f"{path}:{name}")
+            raise common.PrepareError(f"{common.origin(path)}: {name} cannot be read ({e}); "
+                                      "truncated archive?") from None
+        return _parse(data.decode("utf-8"), f"{common.origin(path)}:{name}")
     return load
 
 

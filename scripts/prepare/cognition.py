@@ -81,20 +81,21 @@ def main(argv=None):
     needed = [f for f in FILES if not (args.train_on != "train" and f.startswith("train."))]
     with common.preparing(args.out_dir, config) as (text, download):
         os.makedirs(os.path.join(download, "cg-test"))
-        data = {}
-        for name in needed:
-            path = common.fetch(name, BASE + FILES[name][0], args.from_dir, download)
-            data[name] = common.read_lines(path, expected=FILES[name][1])
+        paths = {name: common.fetch(name, BASE + FILES[name][0], args.from_dir, download)
+                 for name in needed}
+        data = {name: common.read_lines(path, expected=FILES[name][1])
+                for name, path in paths.items()}
         for split in ("train", "valid", "test", "cg-test/cg-test"):
             if f"{split}.en" in data:
-                common.check_parallel(f"{split}.en", data[f"{split}.en"], f"{split}.zh",
-                                      data[f"{split}.zh"])
+                common.check_parallel(paths[f"{split}.en"], data[f"{split}.en"],
+                                      paths[f"{split}.zh"], data[f"{split}.zh"])
         for i, (src, comp) in enumerate(zip(data["cg-test/cg-test.en"],
                                             data["cg-test/cg-test.compound"]), 1):
             if comp.strip() not in src:
-                raise common.PrepareError(f"cg-test.compound:{i}: {comp!r} is not in its "
-                                          "source sentence (files not aligned?)")
-        shutil.copyfile(os.path.join(download, "lexicon"), os.path.join(text, "lexicon"))
+                raise common.PrepareError(
+                    f"{common.origin(paths['cg-test/cg-test.compound'])}:{i}: {comp!r} is not "
+                    "in its source sentence (files not aligned?)")
+        shutil.copyfile(paths["lexicon"], os.path.join(text, "lexicon"))
 
         cg_zh = segment_zh(data["cg-test/cg-test.zh"])  # the only raw Chinese of the release
         if args.train_on == "train":

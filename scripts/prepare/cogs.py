@@ -28,8 +28,8 @@ def read_split(path, split):
     for i, row in enumerate(rows, 1):
         fields = row.split("\t")
         if len(fields) != 3 or not all(f.strip() for f in fields):
-            raise common.PrepareError(f"{path}:{i}: expected 3 tab-separated fields "
-                                      "(sentence, logical form, category)")
+            raise common.PrepareError(f"{common.origin(path)}:{i}: expected 3 tab-separated "
+                                      "fields (sentence, logical form, category)")
         out.append(fields)
     return out
 

@@ -2,7 +2,7 @@
 atomic output directories, and binarisation with the real ``fairseq-preprocess``.
 
 Conventions (every script under scripts/prepare/):
-- ``--from DIR`` takes already-downloaded files from DIR (same file names as the release);
+- ``--from DIR`` reads already-downloaded files in DIR (same file names as the release);
   without it the files are downloaded (urllib; ``file://`` URLs work too, which is how the
   download path is tested offline). Downloads are checked against the expected line counts of
   the release (and a SHA-256 where one is pinned).
@@ -53,15 +53,31 @@ def run_main(main_fn, prog, argv=None):
         return 2
 
 
+class Fetched(str):
+    """The path of a file the script made (a download, a decompressed copy) in a scratch
+    directory that is deleted afterwards, with ``origin``: what to name in error messages
+    instead (the URL, or the user's archive)."""
+
+    def __new__(cls, path, origin):
+        obj = super().__new__(cls, path)
+        obj.origin = origin
+        return obj
+
+
+def origin(path):
+    """The name of ``path`` for the user: the file it was fetched from (:class:`Fetched`)."""
+    return getattr(path, "origin", path)
+
+
 def fetch(name, url, from_dir, dest_dir, sha256=None):
-    """Copy ``name`` from ``from_dir`` or download ``url`` into ``dest_dir``; return its path."""
-    dest = os.path.join(dest_dir, name)
+    """``name`` from ``from_dir`` (the user's file itself, read in place, so that errors name
+    it) or downloaded from ``url`` into ``dest_dir`` (a :class:`Fetched` path); return its path."""
     if from_dir:
-        src = os.path.join(from_dir, name)
-        if not os.path.isfile(src):
-            raise PrepareError(f"{src}: not found (--from {from_dir})")
-        shutil.copyfile(src, dest)
+        dest = os.path.join(from_dir, name)
+        if not os.path.isfile(dest):
+            raise PrepareError(f"{dest}: not found (--from {from_dir})")
     else:
+        dest = Fetched(os.path.join(dest_dir, name), url)
         try:
             with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
                 shutil.copyfileobj(r, f)
@@ -71,37 +87,42 @@ def fetch(name, url, from_dir, dest_dir, sha256=None):
     if sha256:
         digest = hashlib.sha256(open(dest, "rb").read()).hexdigest()
         if digest != sha256:
-            raise PrepareError(f"{name}: SHA-256 {digest} differs from the release's {sha256} "
-                               "(truncated or corrupt download?)")
+            raise PrepareError(f"{origin(dest)}: SHA-256 {digest} differs from the release's "
+                               f"{sha256} (truncated or corrupt download?)")
     return dest
 
 
 def read_lines(path, expected=None, allow_empty=False):
-    """UTF-8 lines without newlines; checks the count and (unless allowed) empty lines."""
+    """UTF-8 lines without newlines; checks the count and (unless allowed) empty lines.
+    Errors name the file by :func:`origin` (the user's file, not a scratch copy) and line."""
     with open(path, "rb") as f:
         raw = f.read()
+    name = origin(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise PrepareError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
+        raise PrepareError(f"{name}:{line}: not UTF-8 text ({e.reason})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     lines = [line.rstrip("\r") for line in lines]
     if expected is not None and len(lines) != expected:
-        raise PrepareError(f"{path}: {len(lines)} lines, the release has {expected} "
-                           "(truncated or wrong file?)")
+        where = (f"ends at line {len(lines)}" if len(lines) < expected
+                 else f"line {expected + 1} is one too many")
+        raise PrepareError(f"{name}: {len(lines)} lines, the release has {expected} "
+                           f"({where}: truncated or wrong file?)")
     if not allow_empty:
         for i, line in enumerate(lines, 1):
             if not line.strip():
-                raise PrepareError(f"{path}:{i}: empty line")
+                raise PrepareError(f"{name}:{i}: empty line")
     return lines
 
 
 def check_parallel(src_path, src_lines, tgt_path, tgt_lines):
     if len(src_lines) != len(tgt_lines):
-        raise PrepareError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has "
+        raise PrepareError(f"{origin(src_path)} has {len(src_lines)} lines but "
+                           f"{origin(tgt_path)} has "
                            f"{len(tgt_lines)} (first unmatched line: "
                            f"{min(len(src_lines), len(tgt_lines)) + 1})")
 
@@ -114,18 +135,26 @@ def write_lines(path, lines):
 
 @contextlib.contextmanager
 def atomic_dir(final):
-    """Yield a temporary directory next to ``final``; rename it to ``final`` on success."""
+    """Yield a temporary directory next to ``final``; rename it to ``final`` on success, with the
+    mode a plain ``mkdir`` would give it (``mkdtemp`` makes it 0700: private to the user)."""
     parent = os.path.dirname(os.path.abspath(final))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())
         if os.path.exists(final):
             shutil.rmtree(final)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def current_umask():
+    mask = os.umask(0)  # the only way to read it is to set it: put it back at once
+    os.umask(mask)
+    return mask
 
 
 def already_prepared(out_dir, dest_dir, config, force):
@@ -194,17 +223,17 @@ def fetch_maybe_gz(name, url_gz, from_dir, dest_dir):
     the path of the plain file."""
     import gzip
 
-    plain = os.path.join(dest_dir, name)
     if from_dir and os.path.isfile(os.path.join(from_dir, name)):
         return fetch(name, None, from_dir, dest_dir)
     if from_dir and not os.path.isfile(os.path.join(from_dir, name + ".gz")):
         raise PrepareError(f"{os.path.join(from_dir, name)}(.gz): not found (--from {from_dir})")
     packed = fetch(name + ".gz", url_gz, from_dir, dest_dir)
+    plain = Fetched(os.path.join(dest_dir, name), f"{origin(packed)} (decompressed)")
     try:
         with gzip.open(packed, "rb") as f, open(plain, "wb") as out:
             shutil.copyfileobj(f, out)
     except (OSError, EOFError) as e:
-        raise PrepareError(f"{packed}: corrupt or truncated gzip ({e})") from None
+        raise PrepareError(f"{origin(packed)}: corrupt or truncated gzip ({e})") from None
     return plain
 
 

@@ -6,8 +6,9 @@
     python scripts/prepare/lm.py --text corpus.txt [--name mycorpus] [--vocab-size 8000]
 
 WikiText: the release's ``wiki.{train,valid,test}.tokens`` (or ``{train,valid,test}.txt``) from
-``--from DIR`` or the release zip. ``--text``: one file, split by lines into the first 98% (train),
-the next 1% (valid) and the last 1% (test). A SentencePiece model (``--vocab-size``) is trained on
+``--from DIR`` or the release zip, checked against the release's line counts (WikiText-2:
+train 36,718, valid 3,760, test 4,358; WikiText-103: train 1,801,350). ``--text``: one file,
+split by lines into the first 98% (train), the next 1% (valid) and the last 1% (test). A SentencePiece model (``--vocab-size``) is trained on
 the training split only and applied to all three. Empty lines (WikiText's paragraph breaks) are
 dropped and counted. Writes ``data/<name>/`` (``spm.model``, encoded ``{train,valid,test}.txt``)
 and ``data-bin/<name>`` (``fairseq-preprocess --only-source``).
@@ -24,6 +25,9 @@ WIKITEXT = {
     "wikitext-103": "https://wikitext.smerity.com/wikitext-103-v1.zip",
 }
 SUBSETS = ("train", "valid", "test")
+# lines of the release files (wiki.{train,valid,test}.tokens; the raw variants have the same)
+SIZES = {"wikitext-2": {"train": 36718, "valid": 3760, "test": 4358},
+         "wikitext-103": {"train": 1801350, "valid": 3760, "test": 4358}}
 
 
 def wikitext_files(name, from_dir, download):
@@ -77,7 +81,8 @@ def main(argv=None):
     with common.preparing(out_dir, config) as (text, download):
         if args.dataset:
             files = wikitext_files(args.dataset, args.from_dir, download)
-            splits = {s: common.read_lines(files[s], allow_empty=True) for s in SUBSETS}
+            splits = {s: common.read_lines(files[s], expected=SIZES[args.dataset][s],
+                                           allow_empty=True) for s in SUBSETS}
         else:
             lines = common.read_lines(args.text, allow_empty=True)
             n_train, n_valid = int(len(lines) * 0.98), max(1, len(lines) // 100)

@@ -48,30 +48,31 @@ def _archive_pairs(path, prefix):
         archive = tarfile.open(path, "r:gz")
         members = {os.path.basename(m.name): m for m in archive.getmembers() if m.isfile()}
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise common.PrepareError(f"{path}: not a readable .tgz ({e}); truncated or corrupt "
-                                  "download?") from None
+        raise common.PrepareError(f"{common.origin(path)}: not a readable .tgz ({e}); "
+                                  "truncated or corrupt download?") from None
     files = []
     for lang in ("de", "en"):
         member = members.get(f"{prefix}.{lang}")
         if member is None:
-            raise common.PrepareError(f"{path}: has no {prefix}.{lang}")
+            raise common.PrepareError(f"{common.origin(path)}: has no {prefix}.{lang}")
         files.append(archive.extractfile(member))
     try:
         for line_no, (de, en) in enumerate(zip(*files), 1):
             yield (_decode(de, path, prefix, line_no), _decode(en, path, prefix, line_no))
         if any(f.read(1) for f in files):
-            raise common.PrepareError(f"{path}: {prefix}.de and .en have different line counts")
+            raise common.PrepareError(f"{common.origin(path)}: {prefix}.de and .en have "
+                                      "different line counts")
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise common.PrepareError(f"{path}: cannot be read to the end ({e}); truncated "
-                                  "download?") from None
+        raise common.PrepareError(f"{common.origin(path)}: cannot be read to the end ({e}); "
+                                  "truncated download?") from None
 
 
 def _decode(raw, path, member, line_no):
     try:
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
-        raise common.PrepareError(f"{path}:{member}:{line_no}: not UTF-8 text ({e.reason})") \
-            from None
+        raise common.PrepareError(f"{common.origin(path)}:{member}:{line_no}: not UTF-8 text "
+                                  f"({e.reason})") from None
 
 
 def training_pairs(from_dir, download, max_pairs):

@@ -108,7 +108,7 @@ def prepare(table, cfg):
                                               if table.args.from_dir else []))
         return text, data, os.path.join(text, "spm.model"), os.path.join(text, "test.raw.en")
     if not table.args.opus_mt:
-        raise SystemExit(f"{NAME}: the paper scale fine-tunes opus-mt-de-en: give --opus-mt "
+        raise common.TableError(f"the paper scale fine-tunes opus-mt-de-en: give --opus-mt "
                          "HF_DIR (a local copy of Helsinki-NLP/opus-mt-de-en)")
     converted = table.data_bin("opus-mt-de-en")
     if table.args.dry_run or not os.path.exists(os.path.join(converted, "checkpoint.pt")):
@@ -214,4 +214,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main, NAME))

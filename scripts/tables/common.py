@@ -28,6 +28,20 @@ sys.path.insert(0, SCRIPTS)
 SCALES = ("smoke", "small", "paper")
 
 
+class TableError(Exception):
+    """A bad input or a failed step: reported as one line ``<table>: error: ...``, exit 2."""
+
+
+def run_main(main, name, argv=None):
+    """``main(argv)``, with :class:`TableError` and missing/unreadable files reported as one
+    line on stderr and exit code 2 (no traceback)."""
+    try:
+        return main(argv) or 0
+    except (TableError, OSError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+
+
 def cli(name):
     """A fairseq console script of this Python's environment (falls back to PATH)."""
     exe = os.path.join(os.path.dirname(sys.executable), name)
@@ -94,10 +108,11 @@ class Table:
         self.out_dir = os.path.abspath(args.out_dir or os.path.join("outputs", "tables",
                                                                     f"{name}-{args.scale}"))
         self.data_root = os.path.abspath(args.data_root)
+        if args.from_dir and not os.path.isdir(args.from_dir):  # before anything is written
+            raise TableError(f"--from {args.from_dir}: no such directory")
         self.command = " ".join(["python", os.path.relpath(sys.argv[0], REPO)
                                  if os.path.isabs(sys.argv[0]) else sys.argv[0],
                                  *(sys.argv[1:] if argv is None else argv)])
-        os.makedirs(self.out_dir, exist_ok=True)
 
     # ---- paths -------------------------------------------------------------------------------
     def data(self, name):
@@ -126,7 +141,7 @@ class Table:
                 proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
             tail = open(log).read()[-3000:] if log else ""
-            raise SystemExit(f"{self.name}: command failed (exit {proc.returncode}): "
+            raise TableError(f"command failed (exit {proc.returncode}): "
                              f"{shlex.join(cmd[:3])} ...{' see ' + log if log else ''}\n{tail}")
 
     def prepare(self, script, flags):
@@ -167,7 +182,7 @@ class Table:
         wanted = self.args.rows.split(",")
         unknown = [r for r in wanted if r not in all_rows]
         if unknown:
-            raise SystemExit(f"{self.name}: unknown row(s) {', '.join(unknown)}; rows: "
+            raise TableError(f"unknown row(s) {', '.join(unknown)}; rows: "
                              f"{', '.join(all_rows)}")
         return wanted
 
@@ -182,7 +197,7 @@ class Table:
         labels = list(runs)
         logs = [os.path.join(runs[label], "train.log") for label in labels]
         curves = plot_curves.curves_for(logs, nats, metric)
-        path = os.path.join(self.out_dir, filename)
+        path = os.path.join(self.out_dir, filename)  # out_dir exists: the runs are in it
         plot_curves.plot(curves, labels, path, "nats" if nats else "bits",
                          title or f"{self.name} ({self.scale})", metric)
         return path
@@ -266,5 +281,5 @@ def score(table, script, flags):
         return None
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{table.name}: {script} failed: {proc.stderr[-2000:]}")
+        raise TableError(f"{script} failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)

@@ -95,13 +95,13 @@ def prepare(table, cfg):
         name = f"{cfg['dataset']}-head{cfg['head_lines']}-v{cfg['vocab']}"
         release = table.from_dir(cfg["dataset"])
         if release is None:
-            raise SystemExit(f"{NAME}: the smoke scale reads a local {cfg['dataset']} copy: "
+            raise common.TableError(f"the smoke scale reads a local {cfg['dataset']} copy: "
                              f"give --from DIR with DIR/{cfg['dataset']}/train.txt")
         head = os.path.join(table.data_root, "data", f"{name}.txt")
         if not table.args.dry_run and not os.path.exists(head):
-            os.makedirs(os.path.dirname(head), exist_ok=True)
             with open(os.path.join(release, "train.txt"), encoding="utf-8") as f:
                 lines = [line for _, line in zip(range(cfg["head_lines"]), f)]
+            os.makedirs(os.path.dirname(head), exist_ok=True)
             with open(head + ".tmp", "w", encoding="utf-8") as f:
                 f.writelines(lines)
             os.rename(head + ".tmp", head)
@@ -201,4 +201,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main, NAME))

@@ -71,21 +71,24 @@ def subset_source(table, counts):
     n_train, n_valid, n_test = counts
     src = table.from_dir("cfq_mcd1")
     if src is None:
-        raise SystemExit(f"{NAME}: the {table.scale} scale takes Google's preprocessed MCD1 files "
+        raise common.TableError(f"the {table.scale} scale takes Google's preprocessed MCD1 files "
                          "(train_/dev_ encode/decode .txt): give --from DIR with DIR/cfq_mcd1")
     out = table.data(f"cfq-mcd1-{n_train}-source")
     if table.args.dry_run or os.path.isdir(out):
         return out
-    tmp = out + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
+    parts = {}  # read everything before writing anything
     for side in ("encode", "decode"):
         with open(os.path.join(src, f"train_{side}.txt")) as f:
             train = [next(f) for _ in range(n_train)]
         with open(os.path.join(src, f"dev_{side}.txt")) as f:
             dev = [next(f) for _ in range(n_valid + n_test)]
         for part, lines in (("train", train), ("dev", dev[:n_valid]), ("test", dev[n_valid:])):
-            with open(os.path.join(tmp, f"{part}_{side}.txt"), "w") as f:
-                f.writelines(lines)
+            parts[f"{part}_{side}.txt"] = lines
+    tmp = out + ".tmp"
+    os.makedirs(tmp, exist_ok=True)
+    for filename, lines in parts.items():
+        with open(os.path.join(tmp, filename), "w") as f:
+            f.writelines(lines)
     os.rename(tmp, out)
     return out
 
@@ -170,4 +173,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main, NAME))
