@@ -3,9 +3,9 @@
 
     python scripts/lm_param_report.py [--vocab-size 50257] [--context 200] [--json]
 
-Tied embedding counted once, the positional table not at all. With a dictionary of exactly
-50,257 symbols (GPT-2's BPE) the four reference configurations of SPEC section 3 must come out
-as published; the script prints both and exits 1 on a mismatch.
+Tied embedding counted once, the positional table not at all. With a dictionary of exactly 50,257
+symbols (GPT-2's BPE) the four reference configurations of the autoregressive encoder-decoder LM
+must come out as published; the script prints both and exits 1 on a mismatch.
 """
 import argparse
 import json

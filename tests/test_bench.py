@@ -7,6 +7,8 @@ import sys
 
 from helpers import SCRIPTS
 
+RUN = os.path.join(SCRIPTS, "bench", "run.py")
+
 
 def test_bench_suite_quick_writes_every_part(tmp_path):
     out, md, png = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "scaling.png"
@@ -66,23 +68,27 @@ def test_bench_suite_rejects_unknown_parts_and_cpu_fp16(tmp_path):
     assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
 
 
-def _suite_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_suite",
-                                                  os.path.join(SCRIPTS, "bench", "run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _suite_paths(*argv):
+    """(out, markdown, plot) that scripts/bench/run.py resolves for ``argv``: asked of a fresh
+    interpreter, where the suite's own ``common`` module is the one it imports."""
+    code = ("import importlib.util, json, sys; "
+            f"spec = importlib.util.spec_from_file_location('suite', {RUN!r}); "
+            "suite = importlib.util.module_from_spec(spec); spec.loader.exec_module(suite); "
+            "args = suite.parse_args(sys.argv[1:]); "
+            "print(json.dumps([args.out, args.markdown, args.plot, suite.common.REPO]))")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    *paths, repo = json.loads(proc.stdout)
+    return paths, repo
 
 
 def test_quick_runs_never_write_over_the_committed_results():
-    suite = _suite_module()
-    results = os.path.join(suite.common.REPO, "results")
-    full, quick = suite.parse_args([]), suite.parse_args(["--quick"])
-    assert (full.out, full.markdown, full.plot) == tuple(
-        os.path.join(results, f) for f in ("bench.json", "bench.md", "bench_scaling.png"))
-    for path in (quick.out, quick.markdown, quick.plot):
+    full, repo = _suite_paths()
+    results = os.path.join(repo, "results")
+    assert full == [os.path.join(results, f) for f in ("bench.json", "bench.md",
+                                                       "bench_scaling.png")]
+    quick, _ = _suite_paths("--quick")
+    for path in quick:
         assert not os.path.abspath(path).startswith(results + os.sep), path
     # explicit paths still win
-    assert suite.parse_args(["--quick", "--out", "x.json"]).out == "x.json"
+    assert _suite_paths("--quick", "--out", "x.json")[0][0] == "x.json"

@@ -1,4 +1,4 @@
-"""Swapped-role cross-attention variants (SPEC section 4): causality, exactness, reordering."""
+"""Swapped-role cross-attention variants (README, "Swapped-role cross-attention"): causality, exactness, reordering."""
 import pytest
 import torch
 from helpers import (assert_batch_equals_one_by_one, beam_search, build_translation_model,
@@ -23,7 +23,7 @@ def _module(kind, dim=8, heads=2, seed=0, **kw):
 
 
 def _reference(module, x, memory):
-    """SPEC section 4's formulas, written out per target step t (float64, no tricks)."""
+    """The variants' formulas, written out per target step t (float64, no tricks)."""
     heads, hd = module.num_heads, module.head_dim
     T, S = x.size(0), memory.size(0)
     split = lambda y: y.view(y.size(0), heads, hd).transpose(0, 1)  # noqa: E731  (L x C -> H x L x d)

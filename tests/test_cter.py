@@ -185,5 +185,5 @@ def test_reference_floor_on_real_cg_test(strict):
     assert round(r["all"]["instance"] * 10800 / 100) == 283
     assert round(r["all"]["aggregate"] * 2160 / 100) == 212
     assert f"{r['all']['instance']:.2f}" == "2.62"
-    assert f"{r['all']['aggregate']:.3f}" == "9.815"  # the tool prints 9.815%, SPEC 9.82%
+    assert f"{r['all']['aggregate']:.3f}" == "9.815"  # the tool prints 9.815% (9.82% rounded)
     assert set(r) >= {"NP", "VP", "PP"} and r["NP"]["compounds"] == 720

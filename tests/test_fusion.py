@@ -157,7 +157,7 @@ def test_layer_called_outside_stack_is_a_clear_error():
 
 @pytest.mark.parametrize("depth", [1, 2, 3, 6])
 def test_fuse_attention_equals_multihead_attention_over_depth(depth):
-    """Both computation paths are the MHA over [h_0..h_l] that SPEC defines: values and grads."""
+    """Both computation paths are the MHA over [h_0..h_l] that the LRF paper defines: values and grads."""
     from fairseq_plugins.modules.fuse_attention import FuseAttention
 
     torch.manual_seed(depth)

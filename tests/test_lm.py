@@ -41,7 +41,7 @@ def test_reference_parameter_counts():
     assert model.reference_parameter_count() == 16_036_800 - 10 * 160
 
 
-# seed 001's model_config of each reference run: n_embed, n_layer, n_head (cross_attn_config n_head)
+# the reference runs' model_config: n_embed, n_layer, n_head (cross_attn_config n_head)
 REFERENCE_CONFIGS = {"ar_encdec_lm_yif": (150, 13, 5, 10),
                      "gpt_baseline_lm_yif": (160, 26, 10, None),
                      "gpt_baseline_lm_yif_small": (156, 26, 12, None)}
@@ -237,7 +237,7 @@ def test_embedding_loss_equals_spec_formula(kind):
     crit = _criterion(task, kind, coeff=8.0)
     loss, sample_size, log = crit(model, sample)
 
-    # the SPEC's formula written out position by position
+    # the criterion's formula written out position by position
     dec = model.decoder
     positions = torch.arange(10)
     embedded = dec.embed_tokens(tokens) + dec.embed_positions(positions)[None]

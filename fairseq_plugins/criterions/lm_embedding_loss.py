@@ -1,7 +1,7 @@
 """``lm_embedding_loss``: cross-entropy plus the embedding loss of the AR encoder-decoder LM.
 
-SPEC section 3: E = token + position embedding of the input, avg[t] = mean(LN_a(E)[0..t]) (a
-cumulative mean over time), out = LN_b(encoder output, detached);
+As in yif-AI's autoregressive_encoder_decoder_transformer (2024): E = token + position embedding
+of the input, avg[t] = mean(LN_a(E)[0..t]) (a cumulative mean over time), out = LN_b(encoder output, detached);
 embedding loss = MSE(out, avg) (mean over all elements) or cosine: mean_t(1 - (cos_t + 1) / 2).
 It is computed in training only, so that gradients reach the embeddings and the two LayerNorms
 only (the encoder output is detached).

@@ -27,7 +27,7 @@ Two quirks of the official tool are kept by default, so that numbers compare wit
 - ``building`` is listed twice and the second line replaces the first (strict: the alternatives of
   both lines count).
 Scoring the references themselves gives instance 2.620% and aggregate 9.815% (283 and 212 errors;
-SPEC rounds them to 2.62% / 9.82%), in both modes.
+rounded: 2.62% / 9.82%), in both modes.
 """
 import re
 from typing import Dict, List, Optional, Sequence

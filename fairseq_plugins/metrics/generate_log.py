@@ -45,7 +45,8 @@ def read_generate_log(path: str, expected: Optional[int] = None) -> Dict[str, Li
             fields[tag][sample_id] = text
     hyps = fields["D"] or fields["H"]
     if not hyps:
-        raise GenerateLogError(f"{path}: no H-/D- hypothesis lines (is this fairseq-generate output?)")
+        raise GenerateLogError(f"{path}: no H-/D- hypothesis lines (is this fairseq-generate "
+                               "output?)")
     n = expected if expected is not None else max(hyps) + 1
     missing = [i for i in range(n) if i not in hyps]
     if missing:
@@ -104,6 +105,6 @@ def read_hypotheses(path: str, expected: int, what: str, fmt: str = "auto") -> L
 def add_format_arg(parser) -> None:
     """The scorers' ``--format`` flag."""
     parser.add_argument("--format", choices=FORMATS, default="auto",
-                        help="how to read the hypotheses: a fairseq-generate log (recognised by "
-                        "its scored H-/D- lines), a plain file (one hypothesis per line, in reference "
-                        "order), or auto (default): decide by the file's structure")
+                        help="how to read the hypotheses: a fairseq-generate log (recognised "
+                        "by its scored H-/D- lines), a plain file (one hypothesis per line, in "
+                        "reference order), or auto (default): decide by the file's structure")

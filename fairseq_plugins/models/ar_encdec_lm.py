@@ -1,4 +1,5 @@
-"""``ar_encdec_lm``: the autoregressive encoder-decoder language model (SPEC section 3, seed 001).
+"""``ar_encdec_lm``: the autoregressive encoder-decoder language model (yif-AI's
+``autoregressive_encoder_decoder_transformer``, 2024).
 
 tokens -> (token + position embedding) -> L causal pre-norm encoder blocks (no final LayerNorm)
 -> one bias-free Linear(d, d) -> L decoder blocks [causal self-attention, cross-attention over

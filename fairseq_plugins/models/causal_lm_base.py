@@ -1,4 +1,5 @@
-"""What the two language models of SPEC section 3 share: flags, embeddings, output, init, counts.
+"""What the two language models (yif-AI's ``autoregressive_encoder_decoder_transformer``, 2024)
+share: flags, embeddings, output, init, counts.
 
 ``gpt_baseline_lm`` and ``ar_encdec_lm`` are fairseq language models (``--task
 language_modeling``, ``fairseq-eval-lm``, LM generation): a :class:`CausalLMDecoder` subclass

@@ -1,5 +1,5 @@
-"""``gpt_baseline_lm``: the decoder-only baseline of SPEC section 3 (GPT-2 style, pre-norm,
-learned positions, final LayerNorm, tied output, no biases by default)."""
+"""``gpt_baseline_lm``: the decoder-only baseline of yif-AI's
+``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions, final LayerNorm, tied output, no biases by default)."""
 from torch import nn
 
 from ..modules.lm_blocks import PreNormBlock
@@ -55,8 +55,8 @@ def _preset(name, embed_dim, layers, heads):
 
 
 GPTBaselineLM.arch_defaults = staticmethod(_preset(MODEL_NAME, 160, 26, 10))
-# the reference's baselines (context 200, GPT-2 vocabulary; seed 001's configs): d=160 L=26 with
-# 10 heads (head dim 16) and the smaller d=156 L=26 with 12 heads; *_tiny for tests and CPU runs
+# the reference's baselines (context 200, GPT-2 vocabulary; its run configurations): d=160 L=26
+# with 10 heads (head dim 16) and the smaller d=156 L=26 with 12 heads; *_tiny for tests and CPU runs
 _preset("gpt_baseline_lm_yif", 160, 26, 10)
 _preset("gpt_baseline_lm_yif_small", 156, 26, 12)
 _preset("gpt_baseline_lm_tiny", 32, 4, 4)

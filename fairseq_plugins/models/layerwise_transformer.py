@@ -2,14 +2,14 @@
 
 One seq2seq model; each feature is an independent switch, and named architectures are presets:
 
-- layer-wise fusion (LRF, SPEC section 1): ``--encoder-fusion`` / ``--decoder-fusion`` add a
-  fuse-attention sub-layer (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the
+- layer-wise fusion (LRF; Zheng et al. 2023, arXiv 2307.10799): ``--encoder-fusion`` /
+  ``--decoder-fusion`` add a fuse-attention sub-layer (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the
   ``--fusion-layers``) of that stack;
-- encoder-decoder FC bridge (SPEC section 2): ``--bridge fc`` gives every decoder layer its own
-  cross-attention memory, a bias-free projection of all encoder layers
+- encoder-decoder FC bridge (Song 2024, arXiv 2405.08570): ``--bridge fc`` gives every decoder
+  layer its own cross-attention memory, a bias-free projection of all encoder layers
   (:mod:`fairseq_plugins.modules.layer_bridge`), computed once per source sentence;
-- swapped-role cross-attention (SPEC section 4): ``--cross-attention swapped|inverted|
-  decoder-values`` replaces the cross-attention of every decoder layer (or the
+- swapped-role cross-attention (README: "Swapped-role cross-attention"): ``--cross-attention
+  swapped|inverted|decoder-values`` replaces the cross-attention of every decoder layer (or the
   ``--cross-attention-layers``) by a causally correct variant
   (:mod:`fairseq_plugins.modules.cross_attention`);
 - Marian (opus-mt) compatibility, so that converted Hugging Face checkpoints run unchanged:

@@ -2,7 +2,7 @@
 
 Standard cross-attention (fairseq's ``MultiheadAttention`` with ``encoder_decoder_attention``)
 reads source keys/values that depend on the source only, so fairseq caches them once and does not
-reorder them on a beam step. The variants of SPEC section 4 (``swapped``, ``inverted``,
+reorder them on a beam step. The swapped-role variants (``swapped``, ``inverted``,
 ``decoder-values``) also keep running state *per source position that depends on the hypothesis*
 (x_<=t): it lives in the incremental state beside the cached source projections and
 :meth:`reorder_incremental_state` reorders all of it, every step.

@@ -4,7 +4,7 @@ The slots of :mod:`swapped_cross_attention` without the source values:
 out_t = sum_i pi_ti sum_{j<=t} a_ij(t) u_j, so every output is a mix of *decoder* values only
 and the source acts only through scalar weights. At target position 0 the only value is u_0, so
 per head the output is (a scalar in [0, 1) that depends on the source) x u_0: at most H numbers of
-source information reach the first prediction (SPEC section 4) -- ``tests/test_cross_attention.py``
+source information reach the first prediction -- ``tests/test_cross_attention.py``
 demonstrates the rank bound.
 """
 import logging

@@ -1,4 +1,5 @@
-"""Pre-norm blocks of the language models (SPEC section 3): GPT-2 style, optionally bias-free.
+"""Pre-norm blocks of the language models (yif-AI's autoregressive_encoder_decoder_transformer):
+GPT-2 style, optionally bias-free.
 
 All tensors are T x B x C. Attention is causal: position t reads memory positions <= t, where the
 memory is the block's own input (self-attention) or another stream of the same length (the

@@ -1,8 +1,9 @@
-"""``swapped`` cross-attention: source slots that read the target prefix (SPEC section 4).
+"""``swapped`` cross-attention: source slots that read the target prefix (README: "Swapped-role
+cross-attention").
 
-Seed 002 proposes source states as queries over decoder states as keys/values. Done literally
-that yields S outputs (not T) mixing future target tokens. The causal form: every source position
-i owns a slot that, at target step t, has read the prefix x_<=t,
+The cross-attention question proposes source states as queries over decoder states as keys/values.
+Done literally that yields S outputs (not T) mixing future target tokens. The causal form: every
+source position i owns a slot that, at target step t, has read the prefix x_<=t,
 
     slot_i(t) = v_i + sum_{j<=t} a_ij(t) u_j,
     a_ij(t)   = e^{e_ij} / (e^b + sum_{j'<=t} e^{e_ij'}),   e_ij = <p_i, c_j> / sqrt(d_head)

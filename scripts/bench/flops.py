@@ -21,11 +21,11 @@ def fusion_extra_macs(d, heads, layers_fused, seq_len, include_embedding=True,
                       algorithm="implemented"):
     """Forward MACs that fuse-attention adds to one stack, for ``seq_len`` tokens.
 
-    Layer i (0-based) attends over L = i+1 states (i without the embedding output).
-    ``naive``: multi-head attention over the L states as SPEC describes it: Q and O projections
+    Layer i (0-based) attends over L = i+1 states (i without the embedding output). ``naive``:
+    multi-head attention over the L states as the LRF paper describes it: Q and O projections
     (2 d^2), K and V projections of every state (2 L d^2), scores and weighted sum (2 L d).
-    ``implemented``: what FuseAttention runs, the cheaper of that and the absorbed form
-    (W_k folded into the query, W_v applied after mixing): 4 d^2 + 2 H d L.
+    ``implemented``: what FuseAttention runs, the cheaper of that and the absorbed form (W_k folded
+    into the query, W_v applied after mixing): 4 d^2 + 2 H d L.
     """
     total = 0
     for i in layers_fused:

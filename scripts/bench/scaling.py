@@ -6,12 +6,12 @@ MAC model, for fairseq's transformer and this package's variants (JSON + PNG).
         [--plot scaling.png]
 
 Length: source = target length 16, 32, 64, 128 at a fixed number of sentences per batch (so the
-tokens per batch grow with the length), 3+3 layers. Depth: 2, 4, 6, 8 encoder and decoder layers
-at length 32. At every point the variants and the transformer are built in one fresh process and
-timed in alternating windows (median), so each ratio compares like with like. Fuse-attention is
-quadratic in depth (layer i attends over i+1 states): its ratio to the transformer grows with L,
-and the plot puts the measured ratio next to the MAC model's (``flops.py``: ``naive`` is the
-multi-head attention SPEC describes, ``implemented`` the cheaper algebra FuseAttention runs).
+tokens per batch grow with the length), 3+3 layers. Depth: 2, 4, 6, 8 encoder and decoder layers at
+length 32. At every point the variants and the transformer are built in one fresh process and timed
+in alternating windows (median), so each ratio compares like with like. Fuse-attention is quadratic
+in depth (layer i attends over i+1 states): its ratio to the transformer grows with L, and the plot
+puts the measured ratio next to the MAC model's (``flops.py``: ``naive`` is the multi-head
+attention the LRF paper describes, ``implemented`` the cheaper algebra FuseAttention runs).
 """
 import os
 import sys

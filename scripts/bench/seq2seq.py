@@ -7,15 +7,16 @@ run (JSON).
 
 Measures, for fairseq ``transformer`` and ``layerwise_transformer`` variants at the same sizes
 (default 3+3 layers, d=256, FFN 1024, 4 heads, 4096 target tokens per batch): encoder+decoder,
-encoder-only and decoder-only fusion, the FC bridge and the cross-attention variants (plus the
-peak memory of one swapped cross-attention module as the target length grows). Training target tokens/s (median of timed
-windows of forward + backward + Adam step) and beam-5 generation sentences/s are measured with
-the variant and the baseline in one process, in alternating windows, so that machine drift
-cannot pass for a difference; peak memory growth during training in a process per model. Prints the ratios to the transformer next to the MAC-model ratio
-(``flops.py``): for fusion, ``mac_model_ratio`` counts fuse-attention as SPEC describes it (MHA
-over the lower states, the issue's FLOP model) and ``mac_ratio_implemented`` the cheaper algebra
-FuseAttention runs; for the bridge both are N_dec x N x d^2 per source token. Absolute numbers
-are only meaningful on a GPU; ratios are the result.
+encoder-only and decoder-only fusion, the FC bridge and the cross-attention variants (plus the peak
+memory of one swapped cross-attention module as the target length grows). Training target tokens/s
+(median of timed windows of forward + backward + Adam step) and beam-5 generation sentences/s are
+measured with the variant and the baseline in one process, in alternating windows, so that machine
+drift cannot pass for a difference; peak memory growth during training in a process per model.
+Prints the ratios to the transformer next to the MAC-model ratio (``flops.py``): for fusion,
+``mac_model_ratio`` counts fuse-attention as the LRF paper describes it (MHA over the lower states,
+the issue's FLOP model) and ``mac_ratio_implemented`` the cheaper algebra FuseAttention runs; for
+the bridge both are N_dec x N x d^2 per source token. Absolute numbers are only meaningful on a
+GPU; ratios are the result.
 """
 import os
 import sys

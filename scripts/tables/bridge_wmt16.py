@@ -5,15 +5,15 @@ with equal batch size and step budget in every condition, plus the untouched mod
     python scripts/tables/bridge_wmt16.py --scale {smoke,small,paper} [--from DIR] \\
         [--opus-mt HF_DIR] [--results-dir DIR]
 
-Conditions (SPEC section 2): (1) fine-tune with the bridge, original init; (2) fine-tune without
-a bridge; (3) fine-tune with the bridge, GCA init; (4) retrain from scratch with the bridge, GCA
-init. The paper's comparison was confounded (batch sizes differed between conditions); here every
-condition gets the same sentences per update, the same optimiser and schedule and the same number
-of updates. Fine-tuning goes through ``fairseq-train --finetune-from-model`` (the bridge weights
-are created by ``--bridge-init``; with ``original`` the model starts exactly as the pretrained
-one). BLEU: ``fairseq-generate`` (beam 4, SentencePiece detokenised) and ``scripts/score_bleu.py``
-(sacreBLEU 13a) on the test set. The bridge heatmaps of conditions 1, 3 and 4 and the training
-curves are saved as PNGs.
+Conditions (Song 2024, arXiv 2405.08570): (1) fine-tune with the bridge, original init; (2)
+fine-tune without a bridge; (3) fine-tune with the bridge, GCA init; (4) retrain from scratch with
+the bridge, GCA init. The paper's comparison was confounded (batch sizes differed between
+conditions); here every condition gets the same sentences per update, the same optimiser and
+schedule and the same number of updates. Fine-tuning goes through ``fairseq-train
+--finetune-from-model`` (the bridge weights are created by ``--bridge-init``; with ``original`` the
+model starts exactly as the pretrained one). BLEU: ``fairseq-generate`` (beam 4, SentencePiece
+detokenised) and ``scripts/score_bleu.py`` (sacreBLEU 13a) on the test set. The bridge heatmaps of
+conditions 1, 3 and 4 and the training curves are saved as PNGs.
 
 Scales: ``paper`` = opus-mt-de-en converted from Marian (``--opus-mt HF_DIR``, a local copy of
 Helsinki-NLP/opus-mt-de-en) fine-tuned on the first 1M WMT16 pairs (``--from DIR/wmt16``), one

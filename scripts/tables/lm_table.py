@@ -4,13 +4,14 @@ validation cross-entropy in nats and parameter counts, next to the published num
 
     python scripts/tables/lm_table.py --scale {smoke,small,paper} [--from DIR] [--results-dir DIR]
 
-Rows (SPEC section 3): embedding loss cosine / MSE, plain encoder-decoder, positional-embedding
-subtraction, MSE x8 + subtraction (``ar_encdec_lm``); baseline, smaller baseline, dropout-0.2
-baseline (``gpt_baseline_lm``). Each row is trained with ``fairseq-train --user-dir`` on the
-``language_modeling`` task and its last checkpoint is scored on the validation set with
-``fairseq-eval-lm``; the training cross-entropy is the last logged ``nll_loss`` (the embedding
-loss excluded) / ``loss``, converted from fairseq's bits to nats. Parameter counts are the
-reference's (tied embedding once, positional table excluded), as logged at build time.
+Rows (the reference table of yif-AI's autoregressive_encoder_decoder_transformer): embedding loss
+cosine / MSE, plain encoder-decoder, positional-embedding subtraction, MSE x8 + subtraction
+(``ar_encdec_lm``); baseline, smaller baseline, dropout-0.2 baseline (``gpt_baseline_lm``). Each
+row is trained with ``fairseq-train --user-dir`` on the ``language_modeling`` task and its last
+checkpoint is scored on the validation set with ``fairseq-eval-lm``; the training cross-entropy is
+the last logged ``nll_loss`` (the embedding loss excluded) / ``loss``, converted from fairseq's
+bits to nats. Parameter counts are the reference's (tied embedding once, positional table
+excluded), as logged at build time.
 
 Scales: ``paper`` = the reference recipe (context 200, batch 50 x 16, AdamW-style Adam lr 9e-4
 constant after 300 warm-up updates, betas 0.9/0.95, weight decay 0.1, bf16, 9,000 updates) on
@@ -28,7 +29,7 @@ import common  # noqa: E402
 
 NAME = "lm_table"
 EMB = ["--criterion", "lm_embedding_loss", "--embedding-loss"]
-# row -> (model family, flags); published (train, valid) cross-entropy in nats (SPEC section 3)
+# row -> (model family, flags); published (train, valid) cross-entropy in nats (the reference)
 ROWS = {
     "emb_cosine": ("ar", EMB + ["cosine"], (2.993, 3.387), "embedding loss, cosine"),
     "emb_mse": ("ar", EMB + ["mse"], (2.998, 3.385), "embedding loss, MSE"),

@@ -10,9 +10,10 @@ taken). Each row is trained with ``fairseq-train --user-dir``; the best checkpoi
 loss) translates the test set with beam 5 and ``scripts/score_exact_match.py`` scores it. The
 first seed's curves and the fusion model's fuse-attention heatmap are saved as PNGs.
 
-SPEC gives no CFQ recipe for LRF: the paper scale uses the CoGnition recipe (transformer_iwslt_de_en
-sizes, Adam lr 5e-4, inverse-sqrt with 4,000 warm-up updates, dropout 0.3, label smoothing 0.1)
-for 50k updates of 8,192 tokens on MCD1, MCD2 and MCD3, 3 seeds.
+The LRF paper (Zheng et al. 2023, arXiv 2307.10799) gives no CFQ training recipe: the paper scale
+uses the CoGnition recipe (transformer_iwslt_de_en sizes, Adam lr 5e-4, inverse-sqrt with 4,000
+warm-up updates, dropout 0.3, label smoothing 0.1) for 50k updates of 8,192 tokens on MCD1, MCD2
+and MCD3, 3 seeds.
 """
 import os
 import sys
@@ -52,7 +53,7 @@ SCALES = {
                        "--batch-size", "128"], seeds=(1, 2, 3)),
 }
 SUBSTITUTIONS = {
-    "paper": ["SPEC gives no CFQ recipe: the CoGnition recipe is used, 50k updates",
+    "paper": ["the LRF paper gives no CFQ recipe: the CoGnition recipe is used, 50k updates",
               "checkpoint selection by validation loss"],
     "small": ["MCD1 only (the preprocessed copy available offline has MCD1 train and dev only)",
               "the first 20,000 of 95,743 training pairs; valid = the first 500 dev lines; "
@@ -144,7 +145,7 @@ def main(argv=None):
     lines = [f"Exact match (%) on the test set, best checkpoint, beam 5 (smoke: greedy), seeds "
              f"{','.join(map(str, seeds))}: mean ± sample std; the mean column averages the "
              "splits' means. The LRF paper reports CFQ as exact match (no baseline numbers are "
-             "fixed in SPEC, so none are printed here).", "",
+             "given by the paper, so none are printed here).", "",
              "| row | " + " | ".join(s.upper() for s in splits) + " | mean |",
              "|---|" + "---:|" * (len(splits) + 1)]
     summary = {}

@@ -12,13 +12,13 @@ translates cg-test (subset test1, in cg-test order) and the random test set with
 ``scripts/score_cter.py`` / ``scripts/score_bleu.py --cognition-zh`` score them. The first seed's
 curves and the both-sides model's fuse-attention heatmap are saved as PNGs.
 
-Scales: ``paper`` = the LRF setting (SPEC section 1: transformer_iwslt_de_en with a shared
-decoder embedding, Adam lr 5e-4, inverse-sqrt, 4,000 warm-up, dropout 0.3, weight decay 1e-4,
-label smoothing 0.1, 8,192 tokens per update, 100k updates; 6 seeds); ``small`` = trained on the
-released valid+test (20k pairs; the training set is not available offline), validated on 1,000
-lines of test, 3+3-layer d=64 models, 1,000 updates, 2 seeds; the random test set is then
-training data and its BLEU is not reported; ``smoke`` = the same data, 2+2 layers, ten updates,
-greedy search with short outputs.
+Scales: ``paper`` = the LRF setting (Zheng et al. 2023, arXiv 2307.10799: transformer_iwslt_de_en
+with a shared decoder embedding, Adam lr 5e-4, inverse-sqrt, 4,000 warm-up, dropout 0.3, weight
+decay 1e-4, label smoothing 0.1, 8,192 tokens per update, 100k updates; 6 seeds); ``small`` =
+trained on the released valid+test (20k pairs; the training set is not available offline),
+validated on 1,000 lines of test, 3+3-layer d=64 models, 1,000 updates, 2 seeds; the random test
+set is then training data and its BLEU is not reported; ``smoke`` = the same data, 2+2 layers, ten
+updates, greedy search with short outputs.
 """
 import os
 import sys
@@ -33,7 +33,7 @@ ROWS = {"transformer": ("transformer", "Transformer"),
         "fusion_dec": ("fusion_dec_transformer", "LRF, decoder only"),
         "fusion": ("fusion_transformer", "LRF, encoder + decoder")}
 # published: the Transformer baseline (6-seed mean, the CoGnition authors) and LRF's reported
-# CTER reductions against its own baseline (instance, aggregate), SPEC section 1
+# CTER reductions against its own baseline (instance, aggregate), from the LRF paper
 BASELINE = {"cter_instance": 28.42, "cter_aggregate": 62.88, "bleu_cg": 59.5,
             "bleu_random": 69.48}
 REDUCTIONS = {"transformer": (0.0, 0.0), "fusion_enc": (7.2, 9.6), "fusion_dec": (2.6, 4.1),
