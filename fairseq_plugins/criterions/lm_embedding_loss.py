@@ -1,9 +1,9 @@
 """``lm_embedding_loss``: cross-entropy plus the embedding loss of the AR encoder-decoder LM.
 
 As in yif-AI's autoregressive_encoder_decoder_transformer (2024): E = token + position embedding
-of the input, avg[t] = mean(LN_a(E)[0..t]) (a cumulative mean over time), out = LN_b(encoder output, detached);
-embedding loss = MSE(out, avg) (mean over all elements) or cosine: mean_t(1 - (cos_t + 1) / 2).
-It is computed in training only, so that gradients reach the embeddings and the two LayerNorms
+of the input, avg[t] = mean(LN_a(E)[0..t]) (a cumulative mean over time), out = LN_b(encoder
+output, detached); embedding loss = MSE(out, avg) (mean over all elements) or cosine:
+mean_t(1 - (cos_t + 1) / 2). It is computed in training only, so that gradients reach the embeddings and the two LayerNorms
 only (the encoder output is detached).
 
 fairseq sums the cross-entropy over target tokens and divides the gradient by the sample size;
@@ -27,8 +27,9 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
 from ..registry import register_criterion
+from . import embedding_loss_contract
 
-EMBEDDING_LOSSES = ("none", "mse", "cosine")
+EMBEDDING_LOSSES = embedding_loss_contract.KINDS
 
 
 def embedding_loss(embeddings: Tensor, encoder_out: Tensor, kind: str,
@@ -60,7 +61,7 @@ class LMEmbeddingLossConfig(CrossEntropyCriterionConfig):
                                         "cross-entropy (default: 1; the reference's best run: 8)"})
 
 
-@register_criterion("lm_embedding_loss", dataclass=LMEmbeddingLossConfig)
+@register_criterion(embedding_loss_contract.CRITERION, dataclass=LMEmbeddingLossConfig)
 class LMEmbeddingLossCriterion(CrossEntropyCriterion):
     def __init__(self, task, sentence_avg, embedding_loss="none", embedding_loss_coeff=None):
         super().__init__(task, sentence_avg)
@@ -84,14 +85,13 @@ class LMEmbeddingLossCriterion(CrossEntropyCriterion):
         logging_output = {"nll_loss": ce.data, "ntokens": ntokens,
                           "nsentences": sample["target"].size(0), "sample_size": sample_size}
         if self.embedding_loss != "none" and model.training:
-            inputs = net_output[1].get("embedding_loss")
+            inputs = embedding_loss_contract.read(net_output[1])
             if inputs is None:
                 raise RuntimeError(f"--embedding-loss {self.embedding_loss}: the model gave no "
                                    "embedding-loss inputs (ar_encdec_lm with its embedding-loss "
                                    "LayerNorms is needed)")
             mask = sample["target"].ne(self.padding_idx)
-            value = embedding_loss(inputs["embeddings"], inputs["encoder_out"],
-                                   self.embedding_loss, mask)
+            value = embedding_loss(*inputs, self.embedding_loss, mask)
             loss = ce + self.coeff * value * ntokens
             logging_output["emb_loss"] = value.data * ntokens
         logging_output["loss"] = loss.data

@@ -24,8 +24,8 @@ from torch import nn
 from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per_search,
                                  layer_norm, memory_projection, project_memories)
 from ..registry import register_model, register_model_architecture
-from .causal_lm_base import (CausalLM, CausalLMDecoder, add_lm_args, base_lm_args,
-                             embedding_loss_requested)
+from ..criterions import embedding_loss_contract
+from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args
 
 MODEL_NAME = "ar_encdec_lm"
 POS_SUBTRACTION = ("none", "yes_no_ln", "yes_ln")
@@ -86,11 +86,9 @@ class ArEncDecDecoder(CausalLMDecoder):
 
         extra = {"attn": [None], "encoder_out": encoder_out.transpose(0, 1)}
         if self.training and self.embedding_loss_norms is not None:
-            extra["embedding_loss"] = {
-                "embeddings": self.embedding_loss_norms["embeddings"](embedded),
-                "encoder_out": self.embedding_loss_norms["encoder_out"](
-                    encoder_out.detach().transpose(0, 1)),
-            }
+            embedding_loss_contract.attach(
+                extra, self.embedding_loss_norms["embeddings"](embedded),
+                self.embedding_loss_norms["encoder_out"](encoder_out.detach().transpose(0, 1)))
         return x.transpose(0, 1), extra
 
 
@@ -126,7 +124,7 @@ class ArEncDecLM(CausalLM):
         if args.cross_attention_heads < 1 or args.embed_dim % args.cross_attention_heads:
             raise ValueError(f"--cross-attention-heads={args.cross_attention_heads} must divide "
                              f"--embed-dim={args.embed_dim}")
-        requested = embedding_loss_requested(args)
+        requested = embedding_loss_contract.requested(args)
         if args.embedding_loss_norms is None:
             args.embedding_loss_norms = requested is not None
         elif requested and not args.embedding_loss_norms:

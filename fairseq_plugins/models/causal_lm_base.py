@@ -11,7 +11,6 @@ the token embedding without bias, init N(0, 0.02) with residual projections at
 import argparse
 import logging
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -216,9 +215,3 @@ def _unregister_missing_parameters(module: nn.Module):
             del sub._parameters[name]
             object.__setattr__(sub, name, None)
 
-
-def embedding_loss_requested(args) -> Optional[str]:
-    """The embedding loss the training criterion asks for, or None (also outside training)."""
-    kind = getattr(args, "embedding_loss", None)
-    return kind if getattr(args, "criterion", None) == "lm_embedding_loss" and kind not in (
-        None, "none") else None

@@ -2,10 +2,10 @@
 ``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions, final LayerNorm, tied output, no biases by default)."""
 from torch import nn
 
+from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
-from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args, \
-    embedding_loss_requested
+from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args
 
 MODEL_NAME = "gpt_baseline_lm"
 
@@ -40,7 +40,7 @@ class GPTBaselineLM(CausalLM):
 
     @classmethod
     def validate(cls, args):
-        if embedding_loss_requested(args):
+        if embedding_loss_contract.requested(args):
             raise ValueError(f"--embedding-loss {args.embedding_loss} needs a model with an "
                              f"encoder (ar_encdec_lm); {args.arch} is decoder-only: use "
                              "--embedding-loss none or --criterion cross_entropy")

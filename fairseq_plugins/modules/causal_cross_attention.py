@@ -43,8 +43,8 @@ class CausalCrossAttention(MultiheadAttention):
 
     # names of the incremental-state entries that depend on the hypothesis (subclasses)
     causal_state_keys: Tuple[str, ...] = ()
-    # names of the cached source-only tensors; "prev_key" marks the cache as filled (the bridge
-    # looks for it, as for fairseq's attention)
+    # names of the cached source-only tensors; "prev_key" marks the cache as filled (as in
+    # fairseq's attention)
     source_keys: Tuple[str, ...] = ("prev_key", "prev_value")
 
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0):

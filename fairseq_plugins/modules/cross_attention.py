@@ -1,10 +1,12 @@
 """The decoder cross-attention kinds (``--cross-attention``) and how to build each one."""
 from .decoder_values_cross_attention import DecoderValuesCrossAttention
 from .inverted_cross_attention import InvertedCrossAttention
-from .swapped_cross_attention import SwappedCrossAttention
+from .swapped_cross_attention import DEFAULT_CHUNK_SIZE, SwappedCrossAttention
 
 # "standard" is fairseq's own MultiheadAttention (built by fairseq's decoder layer)
-CROSS_ATTENTION_KINDS = ("standard", "swapped", "inverted", "decoder-values")
+STANDARD = "standard"
+CROSS_ATTENTION_KINDS = (STANDARD, "swapped", "inverted", "decoder-values")
+__all__ = ["CROSS_ATTENTION_KINDS", "DEFAULT_CHUNK_SIZE", "STANDARD", "build_cross_attention"]
 _SLOT_KINDS = {"swapped": SwappedCrossAttention, "decoder-values": DecoderValuesCrossAttention}
 
 

@@ -9,7 +9,7 @@ demonstrates the rank bound.
 """
 import logging
 
-from .swapped_cross_attention import SwappedCrossAttention
+from .swapped_cross_attention import DEFAULT_CHUNK_SIZE, SwappedCrossAttention
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ class DecoderValuesCrossAttention(SwappedCrossAttention):
     source_values = False
 
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0,
-                 zero_init: bool = False, chunk_size: int = 16):
+                 zero_init: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE):
         if zero_init:
             raise ValueError("decoder-values has no source values: zero-initialised decoder "
                              "values would give a constant zero output")

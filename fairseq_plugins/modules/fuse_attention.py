@@ -18,20 +18,15 @@ class LayerHistory:
     """The per-token outputs of one stack's layers during one forward pass.
 
     Shared (as a plain attribute, not a sub-module) by the stack and its layers. The stack opens
-    :meth:`recording` around its layer loop; each layer :meth:`append` s its input (the previous
-    layer's output, or the embedding output for the first layer) before it runs. So when the
-    layer with 0-based index i fuses, ``states`` is ``[h_0, ..., h_i]``: the embedding output and
-    every lower layer's output, its own input being the newest entry (the paper's layer l = i + 1
-    attends over l vectors). The list is dropped when the pass ends so no activations outlive it.
-
-    Args:
-        fused_layers: 0-based indices of the layers that fuse.
-        include_embedding: record the embedding output ``h_0`` as the first entry.
+    :meth:`recording` around its layer loop; each layer that records (its ``LayerOptions``)
+    :meth:`append` s its input (the previous layer's output, or the embedding output for the
+    first layer) before it runs. So when the layer with 0-based index i fuses, ``states`` is
+    ``[h_0, ..., h_i]``: the embedding output and every lower layer's output, its own input being
+    the newest entry (the paper's layer l = i + 1 attends over l vectors). The list is dropped
+    when the pass ends so no activations outlive it.
     """
 
-    def __init__(self, fused_layers, include_embedding: bool = True):
-        self.fused_layers = frozenset(fused_layers)
-        self.include_embedding = include_embedding
+    def __init__(self):
         self.states: Optional[List[Tensor]] = None
 
     @contextmanager
@@ -41,9 +36,6 @@ class LayerHistory:
             yield self
         finally:
             self.states = None
-
-    def records_input_of(self, layer_idx: int) -> bool:
-        return layer_idx > 0 or self.include_embedding
 
     def append(self, x: Tensor):
         if self.states is None:

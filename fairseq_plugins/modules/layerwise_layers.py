@@ -2,7 +2,8 @@
 
 Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
 -> FFN. The fuse-attention (LRF) is present only in the layers that fuse; the decoder layer's
-cross-attention reads a memory of its own when the model has an encoder-decoder bridge.
+cross-attention reads a memory of its own when the model has an encoder-decoder bridge. Each layer
+is built with its own :class:`LayerOptions` (its index in the stack and its resolved settings).
 Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``) or
 after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
 keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
@@ -12,8 +13,9 @@ fairseq's layers run their sub-layers inside one ``forward`` with no hook betwee
 FFN, so these subclasses override ``forward`` to spell the order out, reusing the parent's
 modules. Options of fairseq's layers that have no place in that order (``--cross-self-attention``,
 ``--scale-attn/-heads/-fc/-resid``) are rejected at model build time (see
-``models/layerwise_transformer.py``).
+``models/layerwise/options.py``).
 """
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -26,26 +28,38 @@ from fairseq.modules.transformer_layer import (
 )
 
 from .causal_cross_attention import CausalCrossAttention
-from .cross_attention import build_cross_attention
+from .cross_attention import STANDARD, build_cross_attention
 from .fuse_attention import FuseAttention, LayerHistory
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """What one layer needs to know about itself: its 0-based ``index`` in the stack, the heads
+    of its fuse-attention (None: the layer does not fuse), whether it records its input for the
+    fusing layers above it, and its cross-attention kind (decoder only)."""
+    index: int
+    fusion_heads: Optional[int] = None
+    records_input: bool = False
+    cross_attention: str = STANDARD
 
 
 class _FusionSublayers:
     """Fuse-attention and FFN sub-layers shared by the encoder and decoder layers."""
 
-    def _init_fusion(self, cfg, embed_dim, history: Optional[LayerHistory], layer_idx: int,
-                     heads: Optional[int]):
+    def _init_fusion(self, cfg, embed_dim, options: LayerOptions,
+                     history: Optional[LayerHistory]):
+        self.options = options
         self.history = history  # plain attribute: shared with the stack, not a sub-module
-        self.layer_idx = layer_idx
-        if history is not None and layer_idx in history.fused_layers:
-            self.fuse_attn = FuseAttention(embed_dim, heads, dropout=cfg.attention_dropout)
+        if options.fusion_heads is not None:
+            self.fuse_attn = FuseAttention(embed_dim, options.fusion_heads,
+                                           dropout=cfg.attention_dropout)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
             self.fuse_attn = None
             self.fuse_attn_layer_norm = None
 
     def _record_input(self, x: Tensor):
-        if self.history is not None and self.history.records_input_of(self.layer_idx):
+        if self.options.records_input:
             self.history.append(x)
 
     def _fusion_block(self, x: Tensor) -> Tensor:
@@ -78,9 +92,9 @@ class _FusionSublayers:
 class LayerwiseEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
     """Encoder layer: self-attn -> fuse-attn -> FFN. Input/output T x B x C."""
 
-    def __init__(self, cfg, history: LayerHistory, layer_idx: int, fusion_heads: int):
+    def __init__(self, cfg, options: LayerOptions, history: Optional[LayerHistory]):
         super().__init__(cfg)
-        self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
+        self._init_fusion(cfg, self.embed_dim, options, history)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         self._record_input(x)
@@ -107,26 +121,25 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
     Incremental decoding uses fairseq's caches for self- and cross-attention; the fuse-attention
     needs none (it attends over the current step's lower-layer outputs only).
 
-    ``cross_attention_memory`` (S x B x C), when the decoder sets it for the duration of a call,
-    replaces the shared encoder output as this layer's cross-attention keys/values (the bridge's
-    M_i). It is read only while the cross-attention cache is empty (the first step).
+    ``encoder_out`` is the encoder output (S x B x C) or, with the encoder-decoder bridge, every
+    decoder layer's memory stacked (S x B x N_dec x C): this layer reads its own,
+    ``[:, :, index]`` (the bridge's M_i). The decoder passes the stack only while the
+    cross-attention has not cached its source keys/values (the first incremental step).
 
     ``cross_attention`` other than 'standard' replaces fairseq's cross-attention module by a
     variant of :mod:`cross_attention` (same parameter names, plus its own); the variants also
     receive the target padding mask.
     """
 
-    def __init__(self, cfg, history: Optional[LayerHistory], layer_idx: int,
-                 fusion_heads: Optional[int], no_encoder_attn: bool = False,
-                 cross_attention: str = "standard"):
+    def __init__(self, cfg, options: LayerOptions, history: Optional[LayerHistory],
+                 no_encoder_attn: bool = False):
         # read by build_encoder_attention, which the parent's __init__ calls
-        self.cross_attention_kind = cross_attention
+        self.cross_attention_kind = options.cross_attention
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        self._init_fusion(cfg, self.embed_dim, history, layer_idx, fusion_heads)
-        self.cross_attention_memory: Optional[Tensor] = None
+        self._init_fusion(cfg, self.embed_dim, options, history)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        if self.cross_attention_kind == "standard":
+        if self.cross_attention_kind == STANDARD:
             return super().build_encoder_attention(embed_dim, cfg)
         return build_cross_attention(self.cross_attention_kind, embed_dim, cfg)
 
@@ -161,8 +174,8 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
             x = self.self_attn_layer_norm(x)
 
         attn = None
-        if self.cross_attention_memory is not None:
-            encoder_out = self.cross_attention_memory
+        if encoder_out is not None and encoder_out.dim() == 4:  # the bridge's memories
+            encoder_out = encoder_out[:, :, self.options.index]
         if self.encoder_attn is not None and encoder_out is not None:
             residual = x
             if self.normalize_before:

@@ -30,6 +30,10 @@ from .causal_cross_attention import CausalCrossAttention, upcast
 from .log_cumsum import causal_logcumsumexp
 
 
+# target positions processed together in training (--cross-attention-chunk-size)
+DEFAULT_CHUNK_SIZE = 16
+
+
 class SwappedCrossAttention(CausalCrossAttention):
     causal_state_keys = ("log_norm", "slot_update")
     source_keys = ("prev_key", "prev_value", "prev_source_query")
@@ -37,7 +41,7 @@ class SwappedCrossAttention(CausalCrossAttention):
     source_values = True
 
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0,
-                 zero_init: bool = False, chunk_size: int = 16):
+                 zero_init: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

@@ -1,0 +1,71 @@
+"""Swapped-role cross-attention (README: "Swapped-role cross-attention"): the flags, their
+defaults and validation, resolved into the kind of every decoder layer.
+
+``--cross-attention swapped|inverted|decoder-values`` replaces the cross-attention of every
+decoder layer (or the ``--cross-attention-layers``) by a causally correct variant
+(:mod:`fairseq_plugins.modules.cross_attention`); see docs/ideas/cross-attention.md.
+"""
+import argparse
+from typing import Dict
+
+from ...modules.cross_attention import CROSS_ATTENTION_KINDS, DEFAULT_CHUNK_SIZE
+from .indices import parse_layer_indices
+
+STANDARD = CROSS_ATTENTION_KINDS[0]  # fairseq's own MultiheadAttention
+DEFAULTS = {"cross_attention": STANDARD, "cross_attention_layers": None,
+            "cross_attention_zero_init": False, "cross_attention_chunk_size": DEFAULT_CHUNK_SIZE}
+
+
+def add_args(parser):
+    parser.add_argument("--cross-attention", choices=CROSS_ATTENTION_KINDS,
+                        help="decoder cross-attention: standard (fairseq's), swapped (source "
+                             "slots that also read the target prefix), inverted (causal doubly "
+                             "normalised: a learned coverage penalty), decoder-values (values "
+                             "from the decoder only; a negative control) (default: standard)")
+    parser.add_argument("--cross-attention-layers", type=str, metavar="IDX,IDX,...",
+                        help="0-based decoder layers that use the --cross-attention variant; the "
+                             "others keep standard cross-attention (default: all layers)")
+    parser.add_argument("--cross-attention-zero-init", action=argparse.BooleanOptionalAction,
+                        help="swapped: initialise the decoder-value projection to zero, so that "
+                             "the model starts exactly as standard cross-attention (e.g. to "
+                             "fine-tune a standard model) (default: off)")
+    parser.add_argument("--cross-attention-chunk-size", type=int, metavar="N",
+                        help="swapped/decoder-values: target positions processed together in "
+                             "training; memory grows as T x S x N per head (default: "
+                             f"{DEFAULT_CHUNK_SIZE})")
+
+
+def validate(args):
+    kind = args.cross_attention
+    if kind == STANDARD:
+        if args.cross_attention_layers or args.cross_attention_zero_init:
+            raise ValueError("--cross-attention-layers/--cross-attention-zero-init were given "
+                             "but --cross-attention is standard")
+        return
+    if getattr(args, "no_cross_attention", False):
+        raise ValueError(f"--cross-attention {kind} with --no-cross-attention: there is no "
+                         "cross-attention to replace")
+    if args.cross_attention_zero_init and kind != "swapped":
+        raise ValueError(f"--cross-attention-zero-init applies to swapped only (got {kind}): "
+                         "inverted has no decoder values, decoder-values has nothing else")
+    if args.cross_attention_chunk_size < 1:
+        raise ValueError(f"--cross-attention-chunk-size must be >= 1, got "
+                         f"{args.cross_attention_chunk_size}")
+    if getattr(args, "decoder_xformers_att_config", None) or getattr(args, "xformers_att_config",
+                                                                        None):
+        raise ValueError(f"xformers attention is not supported with --cross-attention {kind}")
+
+
+def resolve(args, num_layers: int) -> Dict[int, str]:
+    """{decoder layer index: kind} of the layers that use a variant (empty for standard)."""
+    kind = getattr(args, "cross_attention", STANDARD)
+    if kind == STANDARD:
+        return {}
+    layers = parse_layer_indices(args.cross_attention_layers, "--cross-attention-layers")
+    if layers is None:
+        return dict.fromkeys(range(num_layers), kind)
+    for idx in layers:
+        if not 0 <= idx < num_layers:
+            raise ValueError(f"--cross-attention-layers index {idx} is out of range: allowed "
+                             f"0..{num_layers - 1} (--decoder-layers)")
+    return dict.fromkeys(layers, kind)

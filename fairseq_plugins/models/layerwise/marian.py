@@ -1,0 +1,34 @@
+"""Marian (opus-mt) compatibility, so that converted Hugging Face checkpoints run unchanged:
+the flags, their defaults, and what they change in a stack
+(:mod:`fairseq_plugins.modules.marian_embeddings`); see docs/ideas/bridge.md (opus-mt).
+"""
+import argparse
+
+from ...modules.marian_embeddings import MarianSinusoidalPositionalEmbedding
+
+DEFAULTS = {"marian_positions": False, "final_logits_bias": False,
+            "decoder_start_zero_embedding": False}
+
+
+def add_args(parser):
+    parser.add_argument("--marian-positions", action=argparse.BooleanOptionalAction,
+                        help="sinusoidal positions as Hugging Face's Marian: from 0, frequency "
+                             "10000^(-2i/d), sines then cosines (default: fairseq's)")
+    parser.add_argument("--final-logits-bias", action=argparse.BooleanOptionalAction,
+                        help="a fixed (not trained) bias added to the output logits, loaded from "
+                             "the checkpoint: Marian's final_logits_bias (default: off)")
+    parser.add_argument("--decoder-start-zero-embedding", action=argparse.BooleanOptionalAction,
+                        help="the decoder's first input (fairseq's </s> start symbol) is the zero "
+                             "vector, as Marian's <pad> start (default: off)")
+
+
+def validate(args):
+    """Nothing to check: each flag is independent of the others and of the other features."""
+
+
+def positions(cfg, stack, max_positions: int, embed_dim: int):
+    """``stack``'s positional embedding: Marian's sinusoids with ``--marian-positions``, else the
+    one fairseq built."""
+    if getattr(cfg, "marian_positions", False) and stack.embed_positions is not None:
+        return MarianSinusoidalPositionalEmbedding(max_positions, embed_dim, stack.padding_idx)
+    return stack.embed_positions

@@ -1,0 +1,99 @@
+"""The ``layerwise_transformer`` model: fairseq's Transformer with switchable layer-relationship
+features, each owned by its module beside this one (``fusion``, ``bridge``, ``cross_attention``,
+``marian``). With every switch off the model *is* fairseq's ``transformer`` (same modules, same
+parameter names), so checkpoints and results compare directly. Options are checked in
+:meth:`LayerwiseTransformerModel.build_model`, so a bad combination fails before training
+starts."""
+import os
+from typing import Dict
+
+from torch import Tensor
+
+from fairseq.models.transformer import TransformerModel, base_architecture
+
+from ...modules.causal_cross_attention import CausalCrossAttention
+from ...registry import register_model
+from . import bridge, options
+from .decoder import LayerwiseTransformerDecoder
+from .encoder import LayerwiseTransformerEncoder
+
+MODEL_NAME = "layerwise_transformer"
+
+
+def layerwise_base_architecture(args):
+    """Every feature off: fairseq's ``transformer`` (base sizes)."""
+    options.set_defaults(args)
+    base_architecture(args)
+
+
+def check_finetune_source(model, args):
+    """``--finetune-from-model``: run the checkpoint's parameters through this model's
+    ``upgrade_state_dict_named`` hooks at build time (on a copy), so that a checkpoint the model
+    cannot start from (e.g. an encoder of another depth or width under a new bridge) stops the
+    run here with the hook's own message, rather than inside fairseq's load, whose generic
+    "please ensure that the architectures match" would be the last line."""
+    from fairseq import checkpoint_utils
+
+    path = getattr(args, "finetune_from_model", None)
+    if not path or not os.path.isfile(path):
+        return  # none, or fairseq's own "does not exist" error follows
+    model.upgrade_state_dict(dict(checkpoint_utils.load_checkpoint_to_cpu(path)["model"]))
+
+
+@register_model(MODEL_NAME)
+class LayerwiseTransformerModel(TransformerModel):
+    """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        options.add_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        layerwise_base_architecture(args)
+        options.validate(args)
+        bridge.record_init(args)
+        model = super().build_model(args, task)
+        check_finetune_source(model, args)
+        return model
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return LayerwiseTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return LayerwiseTransformerDecoder(cfg, tgt_dict, embed_tokens,
+                                           no_encoder_attn=cfg.no_cross_attention)
+
+    def set_beam_size(self, beam_size: int):
+        """fairseq's SequenceGenerator calls this (when the model has it) before a beam search.
+        Only the hypothesis-dependent cross-attention variants take it: they then project and
+        cache each source once per sentence instead of once per hypothesis. fairseq's own
+        attention keeps its default, so standard layers decode exactly as in ``transformer``."""
+        for module in self.decoder.modules():
+            if isinstance(module, CausalCrossAttention):
+                module.set_beam_size(beam_size)
+
+    # -- analysis -------------------------------------------------------------------------
+    def _fuse_modules(self, side: str):
+        layers = getattr(self, side).layers
+        return [(i, l.fuse_attn) for i, l in enumerate(layers) if getattr(l, "fuse_attn", None)]
+
+    def record_fusion_weights(self, enabled: bool = True):
+        """Keep fuse-attention weights of the next forward passes (off by default: no cost)."""
+        for side in ("encoder", "decoder"):
+            for _, module in self._fuse_modules(side):
+                module.keep_weights = enabled
+                module.last_weights = None
+
+    def fusion_weights(self) -> Dict[str, Dict[int, Tensor]]:
+        """Weights of the last forward pass: {'encoder'|'decoder': {layer: B x H x T x L}}.
+
+        L = number of states the layer attended (embedding output first, its own input last).
+        Empty until :meth:`record_fusion_weights` was called before a forward pass.
+        """
+        return {side: {i: m.last_weights for i, m in self._fuse_modules(side)
+                       if m.last_weights is not None}
+                for side in ("encoder", "decoder")}

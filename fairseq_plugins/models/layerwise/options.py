@@ -1,0 +1,83 @@
+"""Resolved options of one ``layerwise_transformer`` stack (encoder or decoder).
+
+Each feature (``fusion``, ``bridge``, ``cross_attention``, ``marian``) owns its flags, their
+defaults and their validation in its own module beside this one. Here they are put together:
+:func:`add_args`, :func:`set_defaults` and :func:`validate` for the model, and
+:func:`resolve_stack`, which turns a stack's flags into one :class:`StackOptions` at build time:
+for every layer, its 0-based index and its settings
+(:class:`~fairseq_plugins.modules.layerwise_layers.LayerOptions`). A stack resolves its options
+once, in its constructor, and hands each layer its own entry; nothing is derived again later.
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from ...modules.layerwise_layers import LayerOptions
+from . import bridge, cross_attention, fusion, marian
+
+FEATURES = (fusion, bridge, cross_attention, marian)
+
+# fairseq layer options that the explicit sub-layer order of LayerwiseEncoder/DecoderLayer (used
+# with fusion, the bridge or a cross-attention variant) does not implement, and would otherwise
+# silently ignore
+UNSUPPORTED_WITH_LAYERWISE = (
+    "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
+    "checkpoint_activations",
+)
+# the fuse-attention reads its K/V weights directly (see FuseAttention) and the cross-attention
+# variants build Linear layers of their own: quant-noise's hooks would miss them
+UNSUPPORTED_WITH_NEW_ATTENTION = ("quant_noise_pq",)
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """A stack's resolved options. ``layerwise``: the layers are this package's (explicit
+    sub-layer order); otherwise they are fairseq's own, unchanged."""
+    side: str
+    layers: Tuple[LayerOptions, ...]
+    fusion: Optional["fusion.FusionOptions"]
+    layerwise: bool
+
+
+def add_args(parser):
+    for feature in FEATURES:
+        feature.add_args(parser)
+
+
+def set_defaults(args):
+    """Every feature's flag defaults on ``args`` (flags already set are kept)."""
+    for feature in FEATURES:
+        for key, value in feature.DEFAULTS.items():
+            setattr(args, key, getattr(args, key, value))
+
+
+def validate(args):
+    """The checks that need the whole model's flags (each feature's, and fairseq options none of
+    the layerwise layers implements); raise ValueError naming the flag and the allowed values."""
+    fused = args.encoder_fusion or args.decoder_fusion
+    variant = args.cross_attention != cross_attention.STANDARD
+    unsupported = UNSUPPORTED_WITH_LAYERWISE if fused or bridge.enabled(args) or variant else ()
+    unsupported += UNSUPPORTED_WITH_NEW_ATTENTION if fused or variant else ()
+    for name in unsupported:
+        if getattr(args, name, False):
+            raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
+                             "--encoder-fusion/--decoder-fusion/--bridge fc/--cross-attention "
+                             "other than standard")
+    for feature in FEATURES:
+        feature.validate(args)
+
+
+def resolve_stack(cfg, side: str) -> StackOptions:
+    """The options of the ``side`` ('encoder' or 'decoder') stack, validated."""
+    num_layers = getattr(cfg, f"{side}_layers")
+    stack_fusion = fusion.resolve(cfg, side, num_layers)
+    kinds = cross_attention.resolve(cfg, num_layers) if side == "decoder" else {}
+    layers = tuple(
+        LayerOptions(
+            index=i,
+            fusion_heads=stack_fusion.heads if stack_fusion and i in stack_fusion.layers else None,
+            records_input=stack_fusion is not None and stack_fusion.records_input_of(i),
+            cross_attention=kinds.get(i, cross_attention.STANDARD))
+        for i in range(num_layers))
+    layerwise = stack_fusion is not None or bool(kinds) or (
+        side == "decoder" and bridge.enabled(cfg))
+    return StackOptions(side, layers, stack_fusion, layerwise)
