@@ -4,6 +4,8 @@ custom autograd functions are autocast-aware; the CPU-tuned (padded) paths run o
 were measured and equal the plain ones. The CPU stands in for the GPU here: the same dtypes and
 autocast rules, other kernels."""
 import math
+import os
+import subprocess
 
 import pytest
 import torch
@@ -252,14 +254,24 @@ def scan_joined(scan_bin, tmp_path_factory):
     return dest
 
 
-def _train(data, save_dir, train_flags, half):
-    from conftest import run_cli
+def _train_both(data, root, train_flags):
+    """(float32 log, half log) of the same 12 updates from the same seed: the two fairseq-train
+    runs side by side (one thread each; the results do not depend on it)."""
+    from conftest import BIN, cli_env
     from helpers import PLUGIN_DIR
 
-    return run_cli("fairseq-train", data, "--user-dir", PLUGIN_DIR, *train_flags,
-                   "--optimizer", "adam", "--lr", "3e-3", "--max-update", "12",
-                   "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
-                   "--seed", "1", "--log-format", "simple", *(HALF if half else ["--cpu"]))
+    env = dict(cli_env(), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(
+        [os.path.join(BIN, "fairseq-train"), str(data), "--user-dir", PLUGIN_DIR,
+         *map(str, train_flags), "--optimizer", "adam", "--lr", "3e-3", "--max-update", "12",
+         "--save-dir", str(root / name), "--no-epoch-checkpoints", "--num-workers", "0",
+         "--seed", "1", "--log-format", "simple", *precision], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env)
+        for name, precision in (("float32", ["--cpu"]), ("half", HALF))]
+    logs = [proc.communicate()[0] for proc in procs]
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log[-3000:]
+    return logs
 
 
 @pytest.mark.parametrize("family", sorted(CLI_SEQ2SEQ) + sorted(CLI_LMS))
@@ -287,8 +299,7 @@ def test_cpu_half_training_and_generation_end_to_end(family, scan_bin, scan_join
     from conftest import run_cli
     from helpers import PLUGIN_DIR
 
-    log32 = _train(data, tmp_path / "float32", train_flags, half=False)
-    log16 = _train(data, tmp_path / "half", train_flags, half=True)
+    log32, log16 = _train_both(data, tmp_path, train_flags)
     assert "| loss nan" not in log16 and "| loss inf" not in log16
     assert abs(_valid_loss(log16) - _valid_loss(log32)) <= HALF_LOSS_TOLERANCE
     generated = run_cli("fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--path",
