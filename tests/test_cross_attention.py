@@ -1,4 +1,4 @@
-"""Swapped-role cross-attention variants (README, "Swapped-role cross-attention"): causality, exactness, reordering."""
+"""Swapped-role cross-attention variants (docs/ideas/cross-attention.md): causality, exactness, reordering."""
 import pytest
 import torch
 from helpers import (assert_batch_equals_one_by_one, beam_search, build_translation_model,

@@ -1,4 +1,4 @@
-"""Every shell block in README.md and docs/*.md either runs here or says why not.
+"""Every shell block in README.md and docs/ (all pages) either runs here or says why not.
 
 A ```bash block starts with one of two comment lines:
 - ``# tested: tests/test_docs.py::<id> (...)``: this file runs the block with bash, in a
@@ -19,7 +19,8 @@ import pytest
 from conftest import cli_env
 from helpers import REPO, SHARED_DATA
 
-DOCS = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+DOCS = [os.path.join(REPO, "README.md"),
+        *sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))]
 TESTED = "# tested: tests/test_docs.py::"
 NOT_RUN = "# not run by the tests: "
 WIKITEXT2 = os.path.join(SHARED_DATA, "wikitext-2")

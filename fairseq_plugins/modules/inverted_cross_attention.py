@@ -1,5 +1,5 @@
-"""``inverted`` cross-attention: causal doubly normalised attention (README: "Swapped-role
-cross-attention").
+"""``inverted`` cross-attention: causal doubly normalised attention
+(docs/ideas/cross-attention.md).
 
 Logits s_ti (decoder query t, source key i) are first normalised over the target positions seen
 so far, then over the source as usual:

@@ -1,5 +1,5 @@
-"""``swapped`` cross-attention: source slots that read the target prefix (README: "Swapped-role
-cross-attention").
+"""``swapped`` cross-attention: source slots that read the target prefix
+(docs/ideas/cross-attention.md).
 
 The cross-attention question proposes source states as queries over decoder states as keys/values.
 Done literally that yields S outputs (not T) mixing future target tokens. The causal form: every

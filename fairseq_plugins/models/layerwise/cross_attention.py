@@ -1,4 +1,4 @@
-"""Swapped-role cross-attention (README: "Swapped-role cross-attention"): the flags, their
+"""Swapped-role cross-attention (docs/ideas/cross-attention.md): the flags, their
 defaults and validation, resolved into the kind of every decoder layer.
 
 ``--cross-attention swapped|inverted|decoder-values`` replaces the cross-attention of every
