@@ -3,8 +3,8 @@
 As in yif-AI's autoregressive_encoder_decoder_transformer (2024): E = token + position embedding
 of the input, avg[t] = mean(LN_a(E)[0..t]) (a cumulative mean over time), out = LN_b(encoder
 output, detached); embedding loss = MSE(out, avg) (mean over all elements) or cosine:
-mean_t(1 - (cos_t + 1) / 2). It is computed in training only, so that gradients reach the embeddings and the two LayerNorms
-only (the encoder output is detached).
+mean_t(1 - (cos_t + 1) / 2). It is computed in training only, so that gradients reach the
+embeddings and the two LayerNorms only (the encoder output is detached).
 
 fairseq sums the cross-entropy over target tokens and divides the gradient by the sample size;
 the reference averages CE per token. The embedding loss is therefore added as

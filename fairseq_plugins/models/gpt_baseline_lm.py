@@ -1,5 +1,6 @@
 """``gpt_baseline_lm``: the decoder-only baseline of yif-AI's
-``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions, final LayerNorm, tied output, no biases by default)."""
+``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions,
+final LayerNorm, tied output, no biases by default)."""
 from torch import nn
 
 from ..criterions import embedding_loss_contract

@@ -32,7 +32,6 @@ UNSUPPORTED_WITH_NEW_ATTENTION = ("quant_noise_pq",)
 class StackOptions:
     """A stack's resolved options. ``layerwise``: the layers are this package's (explicit
     sub-layer order); otherwise they are fairseq's own, unchanged."""
-    side: str
     layers: Tuple[LayerOptions, ...]
     fusion: Optional["fusion.FusionOptions"]
     layerwise: bool
@@ -80,4 +79,4 @@ def resolve_stack(cfg, side: str) -> StackOptions:
         for i in range(num_layers))
     layerwise = stack_fusion is not None or bool(kinds) or (
         side == "decoder" and bridge.enabled(cfg))
-    return StackOptions(side, layers, stack_fusion, layerwise)
+    return StackOptions(layers, stack_fusion, layerwise)
