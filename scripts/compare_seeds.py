@@ -16,77 +16,21 @@ import argparse
 import json
 import os
 import shlex
-import shutil
-import statistics
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quickstart import (  # noqa: E402
-    PLUGIN_DIR,
-    _cli,
-    _count_params,
-    _last_train_loss,
-    _run,
-    train_command,
-)
-
-
-def score(metric, gen_log, args):
-    from fairseq_plugins.metrics.bleu import corpus_bleu
-    from fairseq_plugins.metrics.exact_match import exact_match
-    from fairseq_plugins.metrics.generate_log import read_generate_log, read_lines
-
-    log = read_generate_log(gen_log)
-    if metric == "exact_match":
-        return exact_match(log["hypotheses"], log["references"])["exact_match"]
-    # hypotheses are the D- lines (detokenised with --bpe sentencepiece) when the log has them
-    refs = read_lines(args.ref) if args.ref else log["references"]
-    return corpus_bleu(log["hypotheses"], refs)["bleu"]
+from layerlab import recipes, runs, stats
 
 
 def run_one(arch, seed, args):
-    run_dir = os.path.join(args.out_dir, f"{arch}-seed{seed}")
-    result_path = os.path.join(run_dir, "result.json")
-    if os.path.exists(result_path):  # finished earlier: resume, do not re-train
-        with open(result_path) as f:
-            return json.load(f)
-    shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again from scratch
-    os.makedirs(run_dir)
-    ckpt = os.path.join(run_dir, "checkpoint_last.pt")
-    start = time.time()
-    _run(train_command(args.data, arch, run_dir, args.lr, args.max_tokens, args.max_update, seed,
-                       shlex.split(args.train_args)), os.path.join(run_dir, "train.log"))
-    train_s = time.time() - start
-    gen_log = os.path.join(run_dir, f"generate-{args.gen_subset}.txt")
     spm = ["--bpe", "sentencepiece", "--sentencepiece-model", args.spm] if args.spm else []
-    _run([_cli("fairseq-generate"), args.data, "--user-dir", PLUGIN_DIR, "--path", ckpt,
-          "--gen-subset", args.gen_subset, "--beam", "5", "--batch-size", "128",
-          "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
-          "--required-batch-size-multiple", "1",
-          "--num-workers", "0", *spm], gen_log)
-    result = {"arch": arch, "seed": seed, args.metric: round(score(args.metric, gen_log, args), 2),
-              "train_loss_bits": _last_train_loss(os.path.join(run_dir, "train.log")),
-              "params": _count_params(ckpt), "train_seconds": round(train_s, 1)}
-    with open(result_path, "w") as f:
-        json.dump(result, f, indent=2)
-    return result
-
-
-def summarise(rows, metric):
-    by_arch = {}
-    for r in rows:
-        by_arch.setdefault(r["arch"], []).append(r)
-    out = []
-    for arch, runs in by_arch.items():
-        values = [r[metric] for r in runs]
-        out.append({"arch": arch, "mean": round(statistics.mean(values), 2),
-                    "std": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0,
-                    "values": values, "seeds": [r["seed"] for r in runs],
-                    "params": runs[0]["params"],
-                    "train_loss_bits_mean": round(statistics.mean(r["train_loss_bits"]
-                                                                  for r in runs), 3)})
-    return out
+    return runs.train_generate_score(
+        os.path.join(args.out_dir, f"{arch}-seed{seed}"), args.data, seed,
+        ["--arch", arch, *recipes.adam_inverse_sqrt(args.lr, args.max_tokens, args.max_update),
+         *shlex.split(args.train_args)],
+        args.gen_subset,
+        ["--beam", "5", "--batch-size", "128", "--max-len-a", str(args.max_len_a),
+         "--max-len-b", str(args.max_len_b), *spm],
+        args.metric, ref=args.ref, info={"arch": arch})
 
 
 def markdown(summary, args):
@@ -130,9 +74,12 @@ def main(argv=None):
     for arch in args.archs.split(","):
         for seed in seeds:
             print(f"[compare] {arch} seed {seed} ...", flush=True)
-            rows.append(run_one(arch, seed, args))
+            try:
+                rows.append(run_one(arch, seed, args))
+            except runs.StepError as e:
+                raise SystemExit(f"compare_seeds: {e}") from None
             print(f"          {args.metric} {rows[-1][args.metric]}", flush=True)
-    summary = summarise(rows, args.metric)
+    summary = stats.summarise(rows, args.metric)
     table = markdown(summary, args)
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"config": vars(args), "runs": rows, "summary": summary}, f, indent=2)

@@ -32,10 +32,8 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare"))
 # (common also configures logging before fairseq is imported: errors stay one line on stderr)
-import common  # noqa: E402  (scripts/prepare/common.py: atomic output directories)
+from layerlab import prepare as common  # noqa: E402  (atomic output directories)
 
 NEVER_PREDICTED = -1e4  # finite: label smoothing sums log-probs over the whole vocabulary
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}

@@ -10,11 +10,9 @@ must come out as published; the script prints both and exits 1 on a mismatch.
 import argparse
 import json
 import logging
-import os
 import sys
 
 logging.basicConfig(level=logging.WARNING)  # fairseq's import would otherwise log at INFO
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.inprocess import build_language_model, make_dict  # noqa: E402
 
 EMBEDDING_LOSS = ["--criterion", "lm_embedding_loss", "--embedding-loss", "mse"]

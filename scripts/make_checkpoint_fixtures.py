@@ -16,7 +16,6 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.inprocess import (  # noqa: E402
     build_language_model,
     build_translation_model,

@@ -17,7 +17,6 @@ import sys
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def bridge_norms(path):

@@ -13,61 +13,10 @@ writes the curves.
 """
 import argparse
 import json
-import math
 import os
 import sys
 
-
-def read_curves(path, metric="loss"):
-    """{'train': [(update, value)], 'valid': [(update, value)]} from one fairseq JSON log.
-
-    ``metric``: ``loss`` (what the criterion optimises: label-smoothed, or cross-entropy plus
-    an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
-    records without it fall back to ``loss``, as fairseq's cross_entropy logs only that)."""
-    curves = {"train": [], "valid": []}
-    with open(path, errors="replace") as f:
-        for line in f:
-            for tag, kind, prefix, update_key in (
-                    ("| train_inner | ", "train", "", "num_updates"),
-                    ("| valid | ", "valid", "valid_", "valid_num_updates")):
-                if tag in line:
-                    try:
-                        record = json.loads(line.split(tag, 1)[1])
-                        value = record.get(prefix + metric, record[prefix + "loss"])
-                        curves[kind].append((int(float(record[update_key])), float(value)))
-                    except (ValueError, KeyError):
-                        pass  # a record without these fields (or a truncated line)
-    return curves
-
-
-def plot(curves, labels, out, unit="bits", title=None, metric="loss"):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (label, c) in enumerate(zip(labels, curves)):
-        color = colors[i % len(colors)]
-        if c["train"]:
-            ax.plot(*zip(*c["train"]), "-", color=color, label=f"{label} train")
-        if c["valid"]:
-            ax.plot(*zip(*c["valid"]), "--o", color=color, markersize=3, label=f"{label} valid")
-    ax.set(xlabel="updates", ylabel=f"{metric} ({unit} per token)", title=title or "")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def curves_for(logs, nats=False, metric="loss"):
-    curves = [read_curves(p, metric) for p in logs]
-    if nats:
-        curves = [{k: [(u, v * math.log(2)) for u, v in c[k]] for k in c} for c in curves]
-    return curves
+from layerlab.curves import curves_for, plot
 
 
 def main(argv=None):

@@ -17,7 +17,6 @@ import os
 import sys
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def mean_weights(checkpoint, data, subset="valid", max_sentences=256):

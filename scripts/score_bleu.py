@@ -12,13 +12,11 @@ reference. --tokenize overrides sacreBLEU's tokeniser. --json prints score and s
 import argparse
 import json
 import logging
-import os
 import sys
 
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_plugins.metrics.bleu import corpus_bleu  # noqa: E402
 from fairseq_plugins.metrics.generate_log import (  # noqa: E402
     GenerateLogError,

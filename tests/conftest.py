@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import PLUGIN_DIR, SCRIPTS  # noqa: E402
+from helpers import PLUGIN_DIR, SCRIPTS
 
 BIN = os.path.dirname(sys.executable)
 

@@ -1,17 +1,9 @@
 """Build tiny dictionaries, translation tasks and models in-process (no data on disk)."""
 import os
-import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
-SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
-
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from fairseq_plugins.inprocess import (  # noqa: E402,F401  (re-exported for the tests)
+from fairseq_plugins.inprocess import (  # noqa: F401  (re-exported for the tests)
     PLUGIN_DIR,
     beam_search,
     build_language_model,
@@ -19,6 +11,11 @@ from fairseq_plugins.inprocess import (  # noqa: E402,F401  (re-exported for the
     make_dict,
     parse_args,
 )
+from layerlab.paths import load_script  # noqa: F401  (re-exported for the tests)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "scripts")
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
 
 def random_batch(src_dict, tgt_dict, bsz=3, src_len=7, tgt_len=6, seed=0, pad_last=True):

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import SCRIPTS, SHARED_DATA
+from helpers import SCRIPTS, SHARED_DATA, load_script
 
-sys.path.insert(0, os.path.join(SCRIPTS, "prepare"))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 PREPARE = os.path.join(SCRIPTS, "prepare")
 
@@ -128,7 +127,7 @@ WIKITEXT2 = os.path.join(SHARED_DATA, "wikitext-2")
 @pytest.mark.skipif(not os.path.isdir(COGS), reason="../shared/data/cogs not present")
 def test_cogs_real_files_via_download_path(tmp_path):
     # the real release files, fetched through the download code (file:// URLs)
-    import cogs
+    cogs = load_script("prepare", "cogs.py")
 
     url = "file://" + os.path.abspath(COGS) + "/{}.tsv"
     argv = ["--splits", "train,dev,test", "--out-dir", str(tmp_path / "data" / "cogs"),

@@ -4,10 +4,9 @@ import sys
 
 import pytest
 
-from helpers import SCRIPTS
+from helpers import SCRIPTS, load_script
 
-sys.path.insert(0, SCRIPTS)
-import prepare_scan  # noqa: E402
+prepare_scan = load_script("prepare", "scan.py")
 
 
 @pytest.fixture(scope="module")

@@ -190,8 +190,7 @@ def test_plot_curves_reads_train_and_valid_records(tmp_path):
         '"valid_num_updates": "10"}\n'
         '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "2.0", "num_updates": "20"}\n'
         '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "1.\n')  # a truncated last line
-    sys.path.insert(0, SCRIPTS)
-    import plot_curves
+    from layerlab import curves as plot_curves
 
     assert plot_curves.read_curves(log) == {"train": [(10, 4.0), (20, 2.0)],
                                             "valid": [(10, 3.5)]}

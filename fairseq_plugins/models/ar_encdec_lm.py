@@ -18,7 +18,6 @@ LN_b(encoder output, detached).
 """
 import argparse
 
-import torch
 from torch import nn
 
 from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per_search,

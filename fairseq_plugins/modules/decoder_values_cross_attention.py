@@ -27,6 +27,13 @@ class DecoderValuesCrossAttention(SwappedCrossAttention):
         del self.v_proj  # unused: an unused parameter would also break DDP
         self.v_proj = None
 
+    @classmethod
+    def extra_macs(cls, embed_dim: int, num_heads: int, src_len: int, tgt_len: int,
+                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+        """The swapped variant's extra cost without the source values (S d^2 + T S d)."""
+        return (super().extra_macs(embed_dim, num_heads, src_len, tgt_len, chunk_size)
+                - src_len * embed_dim * embed_dim - tgt_len * src_len * embed_dim)
+
     def upgrade_state_dict_named(self, state_dict, name):
         """A standard checkpoint's source-value projection has no place here: dropped (logged)."""
         prefix = name + "." if name else ""

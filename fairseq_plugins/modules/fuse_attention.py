@@ -75,6 +75,20 @@ class FuseAttention(nn.Module):
         self.keep_weights = False
         self.last_weights: Optional[Tensor] = None
 
+    @staticmethod
+    def macs(embed_dim: int, num_heads: int, depth: int, algorithm: str = "implemented") -> int:
+        """Forward multiply-accumulates for one token attending over ``depth`` states.
+
+        ``naive``: multi-head attention over the states as the LRF paper describes it (Q and O
+        projections 2d^2, K and V of every state 2Ld^2, scores and weighted sum 2Ld).
+        ``implemented``: what :meth:`forward` runs, the cheaper of that and the absorbed form
+        (4d^2 + 2HdL; see the class doc)."""
+        d = embed_dim
+        naive = 2 * d * d + 2 * depth * d * d + 2 * depth * d
+        if algorithm == "naive":
+            return naive
+        return min(naive, 4 * d * d + 2 * num_heads * d * depth)
+
     @property
     def out_proj(self) -> nn.Linear:
         return self.attn.out_proj

@@ -24,6 +24,13 @@ from .log_cumsum import causal_logcumsumexp
 class InvertedCrossAttention(CausalCrossAttention):
     causal_state_keys = ("coverage",)
 
+    @classmethod
+    def extra_macs(cls, embed_dim: int, num_heads: int, src_len: int, tgt_len: int,
+                   chunk_size: int = 0) -> int:
+        """None: the same projections and products as standard cross-attention, plus a
+        logcumsumexp over the target (no multiply-accumulates)."""
+        return 0
+
     def _project_source(self, key: Tensor) -> Dict[str, Tensor]:
         return {"prev_key": self._heads(self.k_proj(key)), "prev_value": self._heads(self.v_proj(key))}
 

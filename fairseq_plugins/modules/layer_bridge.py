@@ -54,6 +54,14 @@ class LayerBridge(nn.Module):
         last_layer = self.first_layer_index + self.num_states - 1  # N
         return last_layer - decoder_layer - self.first_layer_index  # layer N+1-j, j = i+1
 
+    @staticmethod
+    def macs(embed_dim: int, num_states: int, num_decoder_layers: int, src_len: int) -> int:
+        """Forward multiply-accumulates of the bridge for one sentence: one Linear(N*d -> d) per
+        decoder layer and source token, computed once per sentence (beam search reuses it).
+        The decoder's cross-attention K/V projections are unchanged (each layer projects its
+        own memory instead of the shared one)."""
+        return src_len * num_decoder_layers * num_states * embed_dim * embed_dim
+
     @torch.no_grad()
     def reset_parameters(self):
         d, n = self.embed_dim, self.num_states

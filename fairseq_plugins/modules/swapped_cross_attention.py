@@ -55,6 +55,17 @@ class SwappedCrossAttention(CausalCrossAttention):
         if zero_init:
             nn.init.zeros_(self.target_value_proj.weight)
 
+    @classmethod
+    def extra_macs(cls, embed_dim: int, num_heads: int, src_len: int, tgt_len: int,
+                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+        """Forward multiply-accumulates this module adds to standard cross-attention (one layer,
+        one sentence): decoder key and value projections (2 T d^2), source queries (S d^2),
+        logits e (T S d), the carried-slot read (T S d), the per-chunk weights (T S chunk H),
+        their product with the decoder values (T chunk d) and the slot update (T S d)."""
+        d, chunk = embed_dim, min(chunk_size, tgt_len)
+        return (2 * tgt_len * d * d + src_len * d * d + 3 * tgt_len * src_len * d
+                + tgt_len * src_len * chunk * num_heads + tgt_len * chunk * d)
+
     def _project_source(self, key: Tensor) -> Dict[str, Tensor]:
         source = {"prev_key": self._heads(self.k_proj(key)),
                   "prev_source_query": self._heads(self.source_query_proj(key) * self.scaling)}

@@ -19,8 +19,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import bench as common
 
 BASELINE = "gpt_baseline_lm"
 MODELS = {
@@ -163,8 +162,7 @@ def run(args):
               "windows": windows, "models": models,
               "results": results, "ratios_vs_gpt_baseline_lm": ratios,
               "cache_speedup": {n: results[n]["cache_speedup"] for n in models},
-              "targets": {"train_tokens_per_second_ratio": ">= 0.9 (ar_encdec_lm)",
-                          "cache_speedup": ">= 5"}}
+              "targets": common.describe_targets("lm")}
     return report
 
 
@@ -187,11 +185,7 @@ def markdown_table(report):
 
 
 def main(argv=None):
-    args = common.parse_bench_args(parser(), worker, argv)
-    if args is None:
-        return 0
-    common.emit_report(run(args), args.out)
-    return 0
+    return common.bench_main(parser(), worker, run, argv)
 
 
 if __name__ == "__main__":

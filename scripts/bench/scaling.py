@@ -10,7 +10,7 @@ tokens per batch grow with the length), 3+3 layers. Depth: 2, 4, 6, 8 encoder an
 length 32. At every point the variants and the transformer are built in one fresh process and timed
 in alternating windows (median), so each ratio compares like with like. Fuse-attention is quadratic
 in depth (layer i attends over i+1 states): its ratio to the transformer grows with L, and the plot
-puts the measured ratio next to the MAC model's (``flops.py``: ``naive`` is the multi-head
+puts the measured ratio next to the MAC model's (each sub-layer's ``macs``: ``naive`` is the multi-head
 attention the LRF paper describes, ``implemented`` the cheaper algebra FuseAttention runs).
 """
 import os
@@ -18,9 +18,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import seq2seq  # noqa: E402
+from layerlab import bench as common
+from layerlab import paths
+
+seq2seq = paths.load_script("bench", "seq2seq.py")  # the models and their MAC ratios
 
 BASELINE = seq2seq.BASELINE
 LENGTH_VARIANTS = ("fusion", "bridge", "inverted", "swapped")
@@ -167,14 +168,11 @@ def parser():
 
 
 def main(argv=None):
-    args = common.parse_bench_args(parser(), worker, argv)
-    if args is None:
-        return 0
-    report = run(args)
-    common.emit_report(report, args.out)
-    if args.plot:
-        plot(report, args.plot)
-    return 0
+    def write_plot(report, args):
+        if args.plot:
+            plot(report, args.plot)
+
+    return common.bench_main(parser(), worker, run, argv, write_plot)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ import string
 import sys
 import tarfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 URL = "https://storage.googleapis.com/cfq_dataset/cfq1.1.tar.gz"
 ARCHIVE = "cfq1.1.tar.gz"

@@ -27,8 +27,7 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 BASE = "https://raw.githubusercontent.com/yafuly/CoGnition/main/"
 FILES = {  # name in --from DIR / the release: (release path, lines)

@@ -14,8 +14,7 @@ The ``.cat`` files give per-category exact match:
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 URL = "https://raw.githubusercontent.com/najoungkim/COGS/main/data/{}.tsv"
 SIZES = {"train": 24155, "dev": 3000, "test": 3000, "gen": 21000}

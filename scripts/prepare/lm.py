@@ -17,8 +17,7 @@ import os
 import sys
 import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 WIKITEXT = {
     "wikitext-2": "https://wikitext.smerity.com/wikitext-2-v1.zip",

@@ -17,8 +17,7 @@ test1 = test_2017_flickr). Detokenised output for sacreBLEU:
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{}.gz"
 SPLITS = {"train": ("train", 29000), "valid": ("val", 1014), "test": ("test_2016_flickr", 1000),

@@ -25,8 +25,7 @@ import os
 import sys
 import tarfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import prepare as common
 
 STATMT = "http://www.statmt.org/wmt13/{}"
 # (archive, URL, member prefix inside it) in release order

@@ -26,8 +26,7 @@ pre-training and five fine-tuning updates.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import paths, stats, tables
 
 NAME = "bridge_wmt16"
 ROWS = {
@@ -108,11 +107,11 @@ def prepare(table, cfg):
                                               if table.args.from_dir else []))
         return text, data, os.path.join(text, "spm.model"), os.path.join(text, "test.raw.en")
     if not table.args.opus_mt:
-        raise common.TableError(f"the paper scale fine-tunes opus-mt-de-en: give --opus-mt "
-                         "HF_DIR (a local copy of Helsinki-NLP/opus-mt-de-en)")
+        raise tables.TableError("the paper scale fine-tunes opus-mt-de-en: give --opus-mt "
+                                "HF_DIR (a local copy of Helsinki-NLP/opus-mt-de-en)")
     converted = table.data_bin("opus-mt-de-en")
     if table.args.dry_run or not os.path.exists(os.path.join(converted, "checkpoint.pt")):
-        table.run([sys.executable, os.path.join(common.SCRIPTS, "convert_opus_mt.py"),
+        table.run([sys.executable, paths.script("convert_opus_mt.py"),
                    table.args.opus_mt, converted])
     text, data = table.data("wmt16-de-en-opus-mt"), table.data_bin("wmt16-de-en-opus-mt")
     flags = ["--opus-mt-dir", converted, "--out-dir", text, "--dest-dir", data]
@@ -137,10 +136,10 @@ def pretrained(table, cfg, data):
 
 
 def bleu(table, run_dir, data, cfg, spm, ref, checkpoint="checkpoint_last.pt"):
-    log = common.generate(table, run_dir, data, "test",
+    log = tables.generate(table, run_dir, data, "test",
                           [*cfg["gen"], "--bpe", "sentencepiece", "--sentencepiece-model", spm],
                           checkpoint=checkpoint)
-    result = common.score(table, "score_bleu.py", [log, "--ref", ref])
+    result = tables.score(table, "score_bleu.py", [log, "--ref", ref])
     return None if result is None else round(result["bleu"], 2)
 
 
@@ -161,11 +160,11 @@ def run_row(table, row, seed, cfg, data, spm, ref, start):
 
 
 def main(argv=None):
-    parser = common.table_parser(__doc__.split("\n\n")[0], NAME)
+    parser = tables.table_parser(__doc__.split("\n\n")[0], NAME)
     parser.add_argument("--opus-mt", metavar="HF_DIR",
                         help="paper scale: a local Helsinki-NLP/opus-mt-de-en folder")
     args = parser.parse_args(argv)
-    table = common.Table(NAME, args, argv)
+    table = tables.Table(NAME, args, argv)
     cfg = SCALES[args.scale]
     text, data, spm, ref = prepare(table, cfg)
     start = pretrained(table, cfg, data)
@@ -191,9 +190,9 @@ def main(argv=None):
              f"{UNTOUCHED_PUBLISHED:.2f} |"]
     summary = {}
     for row in rows:
-        mean, std = common.mean_std([r["bleu"] for r in results[row]])
+        mean, std = stats.mean_std([r["bleu"] for r in results[row]])
         summary[row] = {"bleu": (mean, std), "published": ROWS[row][4], "runs": results[row]}
-        lines.append(f"| {ROWS[row][3]} | {common.fmt(mean, std)} | {ROWS[row][4]:.2f} |")
+        lines.append(f"| {ROWS[row][3]} | {stats.fmt(mean, std)} | {ROWS[row][4]:.2f} |")
     curves = table.curves({ROWS[r][3]: table.run_dir(r, seeds[0]) for r in rows})
     heatmap = None
     bridged = [r for r in rows if ROWS[r][0] == "bridge"]
@@ -214,4 +213,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main, NAME))
+    sys.exit(tables.run_main(main, NAME))

@@ -24,8 +24,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import fairseq_log, paths, stats, tables
 
 NAME = "lm_table"
 EMB = ["--criterion", "lm_embedding_loss", "--embedding-loss"]
@@ -96,7 +95,7 @@ def prepare(table, cfg):
         name = f"{cfg['dataset']}-head{cfg['head_lines']}-v{cfg['vocab']}"
         release = table.from_dir(cfg["dataset"])
         if release is None:
-            raise common.TableError(f"the smoke scale reads a local {cfg['dataset']} copy: "
+            raise tables.TableError(f"the smoke scale reads a local {cfg['dataset']} copy: "
                              f"give --from DIR with DIR/{cfg['dataset']}/train.txt")
         head = os.path.join(table.data_root, "data", f"{name}.txt")
         if not table.args.dry_run and not os.path.exists(head):
@@ -141,26 +140,26 @@ def run_row(table, row, seed, data, cfg):
         return done
     run_dir = table.train(row, seed, data, train_flags(row, cfg))
     eval_log = os.path.join(run_dir, "eval_lm.log")
-    table.run([common.cli("fairseq-eval-lm"), data, "--user-dir", common.PLUGIN_DIR,
+    table.run([*paths.fairseq_command("fairseq-eval-lm"), data, "--user-dir", paths.PLUGIN_DIR,
                "--path", os.path.join(run_dir, "checkpoint_last.pt"), "--gen-subset", "valid",
                "--tokens-per-sample", cfg["context"], "--batch-size", "8", "--num-workers", "0"],
               eval_log)
     if table.args.dry_run:
         return None
     train_log = os.path.join(run_dir, "train.log")
-    record = common.last_record(train_log, "train_inner") or {}
+    record = fairseq_log.last_record(train_log, "train_inner") or {}
     train_bits = float(record.get("nll_loss", record.get("loss", "nan")))
     valid_bits = float(EVAL_LOSS.findall(open(eval_log).read())[-1])
     params = PARAMS.findall(open(train_log).read())
     return table.save_result(row, seed, {
-        "row": row, "seed": seed, "train_nats": round(common.bits_to_nats(train_bits), 4),
-        "valid_nats": round(common.bits_to_nats(valid_bits), 4),
+        "row": row, "seed": seed, "train_nats": round(fairseq_log.bits_to_nats(train_bits), 4),
+        "valid_nats": round(fairseq_log.bits_to_nats(valid_bits), 4),
         "params_reference_count": int(params[0].replace(",", "")) if params else None})
 
 
 def main(argv=None):
-    args = common.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
-    table = common.Table(NAME, args, argv)
+    args = tables.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
+    table = tables.Table(NAME, args, argv)
     cfg = SCALES[args.scale]
     data = prepare(table, cfg)
     rows, seeds = table.rows(ROWS), table.seeds(cfg["seeds"])
@@ -176,8 +175,8 @@ def main(argv=None):
     summary = {}
     for row in rows:
         family, extra, (p_train, p_valid), label = ROWS[row]
-        train = common.mean_std([r["train_nats"] for r in results[row]])
-        valid = common.mean_std([r["valid_nats"] for r in results[row]])
+        train = stats.mean_std([r["train_nats"] for r in results[row]])
+        valid = stats.mean_std([r["valid_nats"] for r in results[row]])
         params = results[row][0]["params_reference_count"]
         published = PUBLISHED_PARAMS["ar_emb" if family == "ar" and "--embedding-loss" in extra
                                      else family]
@@ -188,8 +187,8 @@ def main(argv=None):
                         "runs": results[row]}
         model = " ".join(cfg["sizes"][family])
         flags = f"`{' '.join(extra)}`" if extra else "(none)"
-        lines.append(f"| {label} | `{model}` | {flags} | {common.fmt(*train, digits=3)} "
-                     f"({p_train:.3f}) | {common.fmt(*valid, digits=3)} ({p_valid:.3f}) | "
+        lines.append(f"| {label} | `{model}` | {flags} | {stats.fmt(*train, digits=3)} "
+                     f"({p_train:.3f}) | {stats.fmt(*valid, digits=3)} ({p_valid:.3f}) | "
                      f"{f'{params:,}' if params else 'n/a'} ({published:,}) |")
     curves = table.curves({r: table.run_dir(r, seeds[0]) for r in rows}, "curves.png", nats=True,
                           title=f"LM table ({args.scale}): cross-entropy (embedding loss "
@@ -202,4 +201,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main, NAME))
+    sys.exit(tables.run_main(main, NAME))

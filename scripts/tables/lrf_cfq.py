@@ -18,8 +18,7 @@ and MCD3, 3 seeds.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import stats, tables
 
 NAME = "lrf_cfq"
 ROWS = {"transformer": "Transformer", "fusion": "LRF, encoder + decoder"}
@@ -72,7 +71,7 @@ def subset_source(table, counts):
     n_train, n_valid, n_test = counts
     src = table.from_dir("cfq_mcd1")
     if src is None:
-        raise common.TableError(f"the {table.scale} scale takes Google's preprocessed MCD1 files "
+        raise tables.TableError(f"the {table.scale} scale takes Google's preprocessed MCD1 files "
                          "(train_/dev_ encode/decode .txt): give --from DIR with DIR/cfq_mcd1")
     out = table.data(f"cfq-mcd1-{n_train}-source")
     if table.args.dry_run or os.path.isdir(out):
@@ -122,8 +121,8 @@ def run_row(table, row, split, seed, cfg, data):
     run_dir = table.train(key, seed, data, [*arch_flags(row, cfg), *cfg["size_flags"],
                                             "--task", "translation", "-s", "in", "-t", "out",
                                             "--no-epoch-checkpoints", *cfg["recipe"]])
-    log = common.generate(table, run_dir, data, "test", cfg["gen"])
-    em = common.score(table, "score_exact_match.py", [log])
+    log = tables.generate(table, run_dir, data, "test", cfg["gen"])
+    em = tables.score(table, "score_exact_match.py", [log])
     if table.args.dry_run:
         return None
     return table.save_result(key, seed, {"row": row, "split": split, "seed": seed,
@@ -131,8 +130,8 @@ def run_row(table, row, split, seed, cfg, data):
 
 
 def main(argv=None):
-    args = common.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
-    table = common.Table(NAME, args, argv)
+    args = tables.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
+    table = tables.Table(NAME, args, argv)
     cfg = SCALES[args.scale]
     rows, seeds, splits = table.rows(ROWS), table.seeds(cfg["seeds"]), cfg["splits"]
     results = {}
@@ -150,11 +149,11 @@ def main(argv=None):
              "|---|" + "---:|" * (len(splits) + 1)]
     summary = {}
     for row in rows:
-        per = {s: common.mean_std([r["exact_match"] for r in results[(row, s)]]) for s in splits}
+        per = {s: stats.mean_std([r["exact_match"] for r in results[(row, s)]]) for s in splits}
         mean = sum(m for m, _ in per.values()) / len(per)
         summary[row] = {"per_split": per, "mean": mean,
                         "runs": {s: results[(row, s)] for s in splits}}
-        lines.append(f"| {ROWS[row]} | " + " | ".join(common.fmt(*per[s]) for s in splits)
+        lines.append(f"| {ROWS[row]} | " + " | ".join(stats.fmt(*per[s]) for s in splits)
                      + f" | {mean:.2f} |")
     curves = table.curves({f"{ROWS[r]} ({splits[0]})": table.run_dir(f"{r}-{splits[0]}",
                                                                       seeds[0]) for r in rows})
@@ -174,4 +173,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main, NAME))
+    sys.exit(tables.run_main(main, NAME))

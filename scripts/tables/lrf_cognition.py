@@ -23,8 +23,7 @@ updates, greedy search with short outputs.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from layerlab import stats, tables
 
 NAME = "lrf_cognition"
 # row -> (architecture stem, label); the stem gets the scale's size suffix
@@ -94,16 +93,16 @@ def run_row(table, row, seed, cfg, data, text):
                                             "--task", "translation", "-s", "en", "-t", "zh",
                                             "--no-epoch-checkpoints", *cfg["recipe"]])
     result = {"row": row, "seed": seed}
-    cg_log = common.generate(table, run_dir, data, "test1", cfg["gen"])
-    cter = common.score(table, "score_cter.py", [cg_log, "--compound",
+    cg_log = tables.generate(table, run_dir, data, "test1", cfg["gen"])
+    cter = tables.score(table, "score_cter.py", [cg_log, "--compound",
                                                  os.path.join(text, "cg-test.compound"),
                                                  "--lexicon", os.path.join(text, "lexicon")])
-    bleu = common.score(table, "score_bleu.py", [cg_log, "--ref",
+    bleu = tables.score(table, "score_bleu.py", [cg_log, "--ref",
                                                  os.path.join(text, "cg-test.raw.zh"),
                                                  "--cognition-zh"])
     if cfg["random_test"]:
-        test_log = common.generate(table, run_dir, data, "test", cfg["gen"])
-        random_bleu = common.score(table, "score_bleu.py", [test_log, "--ref",
+        test_log = tables.generate(table, run_dir, data, "test", cfg["gen"])
+        random_bleu = tables.score(table, "score_bleu.py", [test_log, "--ref",
                                                             os.path.join(text, "test.raw.zh"),
                                                             "--cognition-zh"])
     if table.args.dry_run:
@@ -119,8 +118,8 @@ def run_row(table, row, seed, cfg, data, text):
 
 
 def main(argv=None):
-    args = common.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
-    table = common.Table(NAME, args, argv)
+    args = tables.table_parser(__doc__.split("\n\n")[0], NAME).parse_args(argv)
+    table = tables.Table(NAME, args, argv)
     cfg = SCALES[args.scale]
     name = "cognition" if cfg["train_on"] == "train" else "cognition-validtest"
     text, data = table.data(name), table.data_bin(name)
@@ -133,7 +132,7 @@ def main(argv=None):
         return 0
     metrics = [f"cter_{kind}_{cat}" for cat in ("all", "NP", "VP", "PP")
                for kind in ("instance", "aggregate")] + ["bleu_cg", "bleu_random"]
-    summary = {row: {m: common.mean_std([r.get(m) for r in results[row]]) for m in metrics}
+    summary = {row: {m: stats.mean_std([r.get(m) for r in results[row]]) for m in metrics}
                for row in rows}
     lines = [f"cg-test CTER (%; lower is better) and BLEU (sacreBLEU, zh, BPE and spaces removed), "
              f"best checkpoint, seeds {','.join(map(str, seeds))}: mean ± sample std. Published "
@@ -151,14 +150,14 @@ def main(argv=None):
             delta = (f"{s['cter_instance_all'][0] - base['cter_instance_all'][0]:+.2f} / "
                      f"{s['cter_aggregate_all'][0] - base['cter_aggregate_all'][0]:+.2f} "
                      f"({-red_i:+.1f} / {-red_a:+.1f})")
-        per_cat = [" / ".join(common.fmt(s[f"cter_{k}_{c}"][0], digits=1)
+        per_cat = [" / ".join(stats.fmt(s[f"cter_{k}_{c}"][0], digits=1)
                               for c in ("NP", "VP", "PP")) for k in ("instance", "aggregate")]
         lines.append(
-            f"| {ROWS[row][1]} | {common.fmt(*s['cter_instance_all'])} "
-            f"({BASELINE['cter_instance'] - red_i:.2f}) | {common.fmt(*s['cter_aggregate_all'])} "
+            f"| {ROWS[row][1]} | {stats.fmt(*s['cter_instance_all'])} "
+            f"({BASELINE['cter_instance'] - red_i:.2f}) | {stats.fmt(*s['cter_aggregate_all'])} "
             f"({BASELINE['cter_aggregate'] - red_a:.2f}) | {per_cat[0]} | {per_cat[1]} | "
-            f"{common.fmt(*s['bleu_cg'])}{' (59.5)' if row == 'transformer' else ''} | "
-            f"{common.fmt(*s['bleu_random'])}{' (69.48)' if row == 'transformer' else ''} | "
+            f"{stats.fmt(*s['bleu_cg'])}{' (59.5)' if row == 'transformer' else ''} | "
+            f"{stats.fmt(*s['bleu_random'])}{' (69.48)' if row == 'transformer' else ''} | "
             f"{delta} |")
     first = {ROWS[r][1]: table.run_dir(r, seeds[0]) for r in rows}
     curves = table.curves(first, "curves.png")
@@ -183,4 +182,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main, NAME))
+    sys.exit(tables.run_main(main, NAME))

@@ -34,6 +34,14 @@ def enabled(args) -> bool:
     return getattr(args, "bridge", "none") == "fc"
 
 
+NEW_ATTENTION = False  # the decoder's cross-attention is fairseq's, reading another memory
+
+
+def active(args, side=None):
+    """['--bridge fc'] when the bridge is on (it changes the decoder's layers only)."""
+    return ["--bridge fc"] if enabled(args) and side in (None, "decoder") else []
+
+
 @dataclass(frozen=True)
 class BridgeOptions:
     """``init``: one of BRIDGE_INITS; ``include_embedding``: h_0 is block 0 of the projection."""

@@ -35,6 +35,15 @@ def add_args(parser):
                              f"{DEFAULT_CHUNK_SIZE})")
 
 
+NEW_ATTENTION = True  # the variants build Linear layers of their own
+
+
+def active(args, side=None):
+    """['--cross-attention KIND'] for a variant (it changes the decoder's layers only)."""
+    kind = getattr(args, "cross_attention", STANDARD)
+    return [f"--cross-attention {kind}"] if kind != STANDARD and side in (None, "decoder") else []
+
+
 def validate(args):
     kind = args.cross_attention
     if kind == STANDARD:

@@ -48,6 +48,18 @@ class FusionOptions:
         return index > 0 or self.include_embedding
 
 
+# the fuse-attention reads its K/V weights directly (see FuseAttention): hooks on fairseq's
+# Linear layers (quant-noise) would miss them
+NEW_ATTENTION = True
+
+
+def active(args, side=None):
+    """The flags that turn fusion on (in ``side``'s stack, or in either), e.g.
+    ['--encoder-fusion']; empty when it is off."""
+    sides = (side,) if side else ("encoder", "decoder")
+    return [f"--{s}-fusion" for s in sides if getattr(args, f"{s}_fusion", False)]
+
+
 def validate(args):
     if not (args.encoder_fusion or args.decoder_fusion) and (args.fusion_layers
                                                             or args.fusion_heads):

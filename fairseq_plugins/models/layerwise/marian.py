@@ -22,6 +22,14 @@ def add_args(parser):
                              "vector, as Marian's <pad> start (default: off)")
 
 
+NEW_ATTENTION = False
+
+
+def active(args, side=None):
+    """Always empty: Marian compatibility changes embeddings and logits, not the layers."""
+    return []
+
+
 def validate(args):
     """Nothing to check: each flag is independent of the others and of the other features."""
 

@@ -1,7 +1,9 @@
 """Resolved options of one ``layerwise_transformer`` stack (encoder or decoder).
 
 Each feature (``fusion``, ``bridge``, ``cross_attention``, ``marian``) owns its flags, their
-defaults and their validation in its own module beside this one. Here they are put together:
+defaults and their validation in its own module beside this one, and says through
+``active(args, side)`` which of its flags change a stack's layers (and through ``NEW_ATTENTION``
+whether it builds attention modules of its own). Here they are put together:
 :func:`add_args`, :func:`set_defaults` and :func:`validate` for the model, and
 :func:`resolve_stack`, which turns a stack's flags into one :class:`StackOptions` at build time:
 for every layer, its 0-based index and its settings
@@ -23,8 +25,7 @@ UNSUPPORTED_WITH_LAYERWISE = (
     "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
     "checkpoint_activations",
 )
-# the fuse-attention reads its K/V weights directly (see FuseAttention) and the cross-attention
-# variants build Linear layers of their own: quant-noise's hooks would miss them
+# quant-noise's hooks would miss the Linear layers of a feature with NEW_ATTENTION
 UNSUPPORTED_WITH_NEW_ATTENTION = ("quant_noise_pq",)
 
 
@@ -52,15 +53,15 @@ def set_defaults(args):
 def validate(args):
     """The checks that need the whole model's flags (each feature's, and fairseq options none of
     the layerwise layers implements); raise ValueError naming the flag and the allowed values."""
-    fused = args.encoder_fusion or args.decoder_fusion
-    variant = args.cross_attention != cross_attention.STANDARD
-    unsupported = UNSUPPORTED_WITH_LAYERWISE if fused or bridge.enabled(args) or variant else ()
-    unsupported += UNSUPPORTED_WITH_NEW_ATTENTION if fused or variant else ()
+    on = {feature: feature.active(args) for feature in FEATURES}
+    flags = [flag for feature_flags in on.values() for flag in feature_flags]
+    unsupported = UNSUPPORTED_WITH_LAYERWISE if flags else ()
+    if any(flag_list and feature.NEW_ATTENTION for feature, flag_list in on.items()):
+        unsupported += UNSUPPORTED_WITH_NEW_ATTENTION
     for name in unsupported:
         if getattr(args, name, False):
             raise ValueError(f"--{name.replace('_', '-')} is not supported together with "
-                             "--encoder-fusion/--decoder-fusion/--bridge fc/--cross-attention "
-                             "other than standard")
+                             f"{', '.join(flags)} (the layers those build do not implement it)")
     for feature in FEATURES:
         feature.validate(args)
 
@@ -77,6 +78,5 @@ def resolve_stack(cfg, side: str) -> StackOptions:
             records_input=stack_fusion is not None and stack_fusion.records_input_of(i),
             cross_attention=kinds.get(i, cross_attention.STANDARD))
         for i in range(num_layers))
-    layerwise = stack_fusion is not None or bool(kinds) or (
-        side == "decoder" and bridge.enabled(cfg))
+    layerwise = any(feature.active(cfg, side) for feature in FEATURES)
     return StackOptions(layers, stack_fusion, layerwise)

@@ -16,8 +16,63 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+from .paths import REPO  # noqa: F401  (the repository the suite writes its results under)
+
+# The targets of the architecture issues, checked by scripts/bench/run.py and named in each
+# part's report: (part, ratio, rows (None: every row that has the ratio), op, threshold, label).
+# The rows' ratios are the part's own (a model against its fairseq baseline in one process).
+TARGETS = (
+    ("seq2seq", "train_ratio_over_mac_ratio", ("fusion", "fusion_enc", "fusion_dec", "bridge"),
+     "<=", 1.15, "{}: training time / (transformer time x MAC-model ratio)"),
+    ("seq2seq", "generate_speed_ratio", ("fusion", "fusion_enc", "fusion_dec"), ">=", 0.8,
+     "{}: generation speed / transformer's"),
+    ("seq2seq", "train_time_ratio", ("inverted",), "<=", 1.1, "{}: training time / transformer's"),
+    ("seq2seq", "generate_time_ratio", ("inverted",), "<=", 1.1,
+     "{}: generation time / transformer's"),
+    ("seq2seq", "train_time_ratio", ("swapped",), "<=", 2.0, "{}: training time / transformer's"),
+    ("seq2seq", "generate_time_ratio", ("swapped",), "<=", 1.3,
+     "{}: generation time / transformer's"),
+    ("lm", "train_tokens_per_second_ratio", None, ">=", 0.9,
+     "{}: training tokens/s / gpt_baseline_lm's"),
+    ("lm", "cache_speedup", None, ">=", 5.0, "{}: cached generation / recomputing the context"),
+)
+
+
+def _measured(part, report, ratio):
+    """{row: value} of one ratio in a part's report."""
+    if part == "seq2seq":
+        rows = report["ratios_vs_transformer"]
+    elif ratio == "cache_speedup":
+        return dict(report["cache_speedup"])
+    else:
+        rows = report["ratios_vs_gpt_baseline_lm"]
+    return {row: r[ratio] for row, r in rows.items() if ratio in r}
+
+
+def check_targets(parts):
+    """Every target whose part was run and whose row was measured, as rows
+    {target, measured, required, met, from}, in the order of :data:`TARGETS`."""
+    out = []
+    for part, ratio, rows, op, threshold, label in TARGETS:
+        if part not in parts:
+            continue
+        measured = _measured(part, parts[part], ratio)
+        for row in (measured if rows is None else [r for r in rows if r in measured]):
+            value = measured[row]
+            met = value is not None and (value <= threshold if op == "<=" else value >= threshold)
+            out.append({"target": label.format(row), "measured": value,
+                        "required": f"{op} {threshold}", "met": met, "from": part})
+    return out
+
+
+def describe_targets(part):
+    """{ratio: "op threshold (rows)"} of one part, for its report."""
+    out = {}
+    for p, ratio, rows, op, threshold, _ in TARGETS:
+        if p == part:
+            text = f"{op} {threshold} ({', '.join(rows) if rows else 'every model'})"
+            out[ratio] = f"{out[ratio]}; {text}" if ratio in out else text
+    return out
 
 
 def peak_rss_mb():
@@ -74,8 +129,6 @@ def bench_parser(description):
     """The options every benchmark script shares (its own are added by the caller)."""
     import argparse
 
-    import torch
-
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="tiny sizes, few windows (CI smoke)")
     p.add_argument("--device", default="cpu")
@@ -99,6 +152,20 @@ def emit_report(report, out=None):
     print(text)
     if out:
         write_text(out, text)
+
+
+def bench_main(parser, worker, run, argv=None, write_extra=None):
+    """A benchmark script's main: its ``--worker`` job, or ``run(args)`` -> the report printed
+    as JSON (and written to ``--out``); ``write_extra(report, args)`` writes what else the
+    script offers (a markdown table, a plot)."""
+    args = parse_bench_args(parser, worker, argv)
+    if args is None:
+        return 0
+    report = run(args)
+    emit_report(report, args.out)
+    if write_extra is not None:
+        write_extra(report, args)
+    return 0
 
 
 def parse_bench_args(parser, worker, argv=None):

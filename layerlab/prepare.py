@@ -1,4 +1,4 @@
-"""What every data preparation script shares: fetching (download or ``--from DIR``), checks,
+"""What every data preparation script (``scripts/prepare/``) shares: fetching (download or ``--from DIR``), checks,
 atomic output directories, and binarisation with the real ``fairseq-preprocess``.
 
 Conventions (every script under scripts/prepare/):
@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+
+from . import paths
 
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
@@ -189,8 +191,7 @@ def preparing(out_dir, config):
 
 
 def preprocess_command():
-    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "fairseq_cli.preprocess"]
+    return paths.fairseq_command("fairseq-preprocess")
 
 
 def binarize(dest, args, workers=1):

@@ -12,19 +12,14 @@ without GPUs).
 import argparse
 import datetime
 import json
-import math
 import os
 import shlex
 import shutil
-import statistics
-import subprocess
 import sys
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPO = os.path.dirname(SCRIPTS)
-PLUGIN_DIR = os.path.join(REPO, "fairseq_plugins")
-sys.path.insert(0, REPO)
-sys.path.insert(0, SCRIPTS)
+from . import curves as curve_plots
+from . import paths, runs
+
 SCALES = ("smoke", "small", "paper")
 
 
@@ -37,15 +32,9 @@ def run_main(main, name, argv=None):
     line on stderr and exit code 2 (no traceback)."""
     try:
         return main(argv) or 0
-    except (TableError, OSError) as e:
+    except (TableError, runs.StepError, OSError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
-
-
-def cli(name):
-    """A fairseq console script of this Python's environment (falls back to PATH)."""
-    exe = os.path.join(os.path.dirname(sys.executable), name)
-    return exe if os.path.exists(exe) else name
 
 
 def table_parser(description, name):
@@ -70,36 +59,6 @@ def table_parser(description, name):
     return p
 
 
-def package_version():
-    """The package version and, in a git checkout, the commit (with '+dirty' for local edits)."""
-    import fairseq_plugins
-
-    version = fairseq_plugins.__version__
-    try:
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--",
-                                "fairseq_plugins", "scripts"],
-                               capture_output=True, text=True).stdout.strip()
-        version += f" (git {commit}{'+dirty' if dirty else ''})"
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return version
-
-
-def mean_std(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def fmt(mean, std=None, digits=2):
-    if mean is None:
-        return "n/a"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
-
-
 class Table:
     """One table run at one scale (see the module doc)."""
 
@@ -110,7 +69,7 @@ class Table:
         self.data_root = os.path.abspath(args.data_root)
         if args.from_dir and not os.path.isdir(args.from_dir):  # before anything is written
             raise TableError(f"--from {args.from_dir}: no such directory")
-        self.command = " ".join(["python", os.path.relpath(sys.argv[0], REPO)
+        self.command = " ".join(["python", os.path.relpath(sys.argv[0], paths.REPO)
                                  if os.path.isabs(sys.argv[0]) else sys.argv[0],
                                  *(sys.argv[1:] if argv is None else argv)])
 
@@ -132,46 +91,28 @@ class Table:
         """Run one command (output to ``log`` when given); stop the table on failure."""
         cmd = [str(c) for c in cmd]
         print(("[dry-run] " if self.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
-        if self.args.dry_run:
-            return
-        if log is None:
-            proc = subprocess.run(cmd)
-        else:
-            with open(log, "w") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            tail = open(log).read()[-3000:] if log else ""
-            raise TableError(f"command failed (exit {proc.returncode}): "
-                             f"{shlex.join(cmd[:3])} ...{' see ' + log if log else ''}\n{tail}")
+        if not self.args.dry_run:
+            runs.run_logged(cmd, log)
 
     def prepare(self, script, flags):
         """Run a scripts/prepare/ script (it does nothing when its output is complete)."""
-        self.run([sys.executable, os.path.join(SCRIPTS, "prepare", script), *flags])
+        self.run([sys.executable, paths.script("prepare", script), *flags])
 
     def finished(self, row, seed):
-        path = os.path.join(self.run_dir(row, seed), "result.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
-        return None
+        return runs.load_result(self.run_dir(row, seed))
 
     def train(self, row, seed, data, flags):
         """fairseq-train --user-dir for one (row, seed) from scratch -> its run directory."""
         run_dir = self.run_dir(row, seed)
         if not self.args.dry_run:
-            shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again
-            os.makedirs(run_dir)
-        self.run([cli("fairseq-train"), data, "--user-dir", PLUGIN_DIR, "--seed", seed,
-                  "--save-dir", run_dir, "--log-format", "json", "--num-workers", "0", *flags],
-                 os.path.join(run_dir, "train.log"))
+            runs.fresh_run_dir(run_dir)  # an unfinished run starts again
+        self.run(runs.train_command(data, run_dir, seed, flags), os.path.join(run_dir, "train.log"))
         return run_dir
 
     def save_result(self, row, seed, result):
         if self.args.dry_run:
             return result
-        with open(os.path.join(self.run_dir(row, seed), "result.json"), "w") as f:
-            json.dump(result, f, indent=2)
-        return result
+        return runs.save_result(self.run_dir(row, seed), result)
 
     def seeds(self, default):
         return [int(s) for s in self.args.seeds.split(",")] if self.args.seeds else list(default)
@@ -187,18 +128,16 @@ class Table:
         return wanted
 
     # ---- outputs -----------------------------------------------------------------------------
-    def curves(self, runs, filename="curves.png", nats=False, title=None, metric="nll_loss"):
+    def curves(self, run_dirs, filename="curves.png", nats=False, title=None, metric="nll_loss"):
         """Training/validation curves of the given {label: run_dir} as a PNG (first seed);
         by default the cross-entropy alone (``nll_loss``) where the criterion logs it."""
-        import plot_curves
-
-        if self.args.dry_run or not runs:
+        if self.args.dry_run or not run_dirs:
             return None
-        labels = list(runs)
-        logs = [os.path.join(runs[label], "train.log") for label in labels]
-        curves = plot_curves.curves_for(logs, nats, metric)
+        labels = list(run_dirs)
+        logs = [os.path.join(run_dirs[label], "train.log") for label in labels]
+        curves = curve_plots.curves_for(logs, nats, metric)
         path = os.path.join(self.out_dir, filename)  # out_dir exists: the runs are in it
-        plot_curves.plot(curves, labels, path, "nats" if nats else "bits",
+        curve_plots.plot(curves, labels, path, "nats" if nats else "bits",
                          title or f"{self.name} ({self.scale})", metric)
         return path
 
@@ -209,7 +148,7 @@ class Table:
             print(f"[dry-run] would write {self.out_dir}/{self.name}.md and .json")
             return
         report = dict(report, table=self.name, scale=self.scale, command=self.command,
-                      package_version=package_version(),
+                      package_version=runs.package_version(),
                       date=datetime.date.today().isoformat())
         header = [f"# {report['title']} ({self.scale} scale)", "",
                   f"Command: `{self.command}`  ", f"Package: fairseq_plugins "
@@ -245,41 +184,18 @@ class Table:
         print(text)
 
 
-def bits_to_nats(x):
-    return None if x is None else x * math.log(2)
-
-
-def last_record(log_path, tag):
-    """The last ``--log-format json`` record of a kind ('train_inner', 'train', 'valid')."""
-    record = None
-    marker = f"| {tag} | "
-    with open(log_path, errors="replace") as f:
-        for line in f:
-            if marker in line:
-                try:
-                    record = json.loads(line.split(marker, 1)[1])
-                except ValueError:
-                    pass
-    return record
-
-
 def generate(table, run_dir, data, subset, flags, checkpoint="checkpoint_best.pt"):
     """fairseq-generate --user-dir on one subset -> the log's path (``flags``: beam, lengths,
-    --bpe ...). ``--required-batch-size-multiple 1`` keeps every sentence."""
+    --bpe ...)."""
     log = os.path.join(run_dir, f"generate-{subset}.txt")
-    table.run([cli("fairseq-generate"), data, "--user-dir", PLUGIN_DIR,
-               "--path", os.path.join(run_dir, checkpoint), "--gen-subset", subset,
-               "--required-batch-size-multiple", "1", "--num-workers", "0", *flags], log)
+    table.run(runs.generate_command(data, os.path.join(run_dir, checkpoint), subset, flags), log)
     return log
 
 
-def score(table, script, flags):
+def score(table, scorer, flags):
     """Run one of scripts/score_*.py with --json; return its result (None in a dry run)."""
-    cmd = [sys.executable, os.path.join(SCRIPTS, script), *map(str, flags), "--json"]
+    cmd = runs.score_command(scorer, flags)
     print(("[dry-run] " if table.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
     if table.args.dry_run:
         return None
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise TableError(f"{script} failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
+    return runs.run_scorer(cmd)

@@ -1,0 +1,64 @@
+"""Depth-weighted averaging (DWA; DenseFormer, Pagliardini et al., NeurIPS 2024, arXiv 2402.02622).
+
+In a stack of N blocks with outputs x_1 .. x_N and the embedding output x_0, a DWA after block s
+(1-based) replaces the block's output by a learned scalar combination of the states so far,
+
+    y_s = sum_{j in J(s)} alpha_{s,j} x_j,   J(s) = {j <= s : j = s (mod k)}   (dilation k)
+
+and y_s is the input of block s + 1 (the stack's output is y_N when block N has a DWA). The
+states combined are always the blocks' own outputs x_j, never earlier averages. With period p, only
+the blocks s = p, 2p, ... have a DWA; the others pass x_s on unchanged. alpha_{s,s} = 1 and every
+other weight 0 at initialisation, so the stack starts as the plain transformer, exactly.
+
+Everything is per position: incremental decoding needs no cache.
+"""
+from typing import List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+
+def dwa_inputs(block: int, dilation: int) -> Tuple[int, ...]:
+    """J(s): the states a DWA after 1-based ``block`` combines, ascending (state 0 = x_0)."""
+    return tuple(range(block % dilation, block + 1, dilation))
+
+
+def has_dwa(block: int, period: int) -> bool:
+    """Whether 1-based ``block`` is followed by a DWA."""
+    return block % period == 0
+
+
+class DepthWeightedAverage(nn.Module):
+    """One DWA: ``weight`` holds alpha over ``inputs`` (indices into the stack's states).
+
+    forward(states) with states = [x_0, ..., x_s] (each T x B x C) -> T x B x C.
+    """
+
+    def __init__(self, inputs: Tuple[int, ...]):
+        super().__init__()
+        self.inputs = tuple(inputs)
+        self.weight = nn.Parameter(torch.zeros(len(self.inputs)))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        self.weight.zero_()
+        self.weight[-1] = 1.0  # the block's own output: the stack starts as the transformer
+
+    def forward(self, states: List[Tensor]) -> Tensor:
+        newest = states[self.inputs[-1]]
+        weight = self.weight.to(newest.dtype)
+        # a running sum, not a stacked tensor: autograd keeps references to the states (which the
+        # stack keeps anyway), no copy of them
+        out = newest * weight[-1]
+        for k, j in enumerate(self.inputs[:-1]):
+            out = out + states[j] * weight[k]
+        return out
+
+    @staticmethod
+    def macs(embed_dim: int, num_inputs: int) -> int:
+        """Forward multiply-accumulates per token: one scaled vector per input."""
+        return num_inputs * embed_dim
+
+    def extra_repr(self) -> str:
+        return f"inputs={self.inputs}"

@@ -1,0 +1,62 @@
+"""Reading fairseq-train's ``--log-format json`` logs (stdout or ``--log-file``).
+
+Every record is one line ``<date> | <level> | <tag> | {json}``; the tags read here are
+``train_inner`` (every ``--log-interval`` updates), ``train`` (end of an epoch) and ``valid``.
+fairseq logs losses in bits (base 2).
+"""
+import json
+import math
+
+
+def records(path, tag):
+    """The JSON records of one kind (``train_inner``, ``train``, ``valid``) in log order; a
+    truncated or malformed line (a run killed mid-write) is skipped."""
+    marker = f"| {tag} | "
+    with open(path, errors="replace") as f:
+        for line in f:
+            if marker in line:
+                try:
+                    yield json.loads(line.split(marker, 1)[1])
+                except ValueError:
+                    pass
+
+
+def last_record(path, tag):
+    """The last record of a kind, or None."""
+    record = None
+    for record in records(path, tag):
+        pass
+    return record
+
+
+def last_train_loss(path):
+    """Training loss (bits per target token) of the last ``train_inner`` record, or of the
+    end-of-epoch ``train`` record when the run was shorter than one log interval."""
+    inner = last_record(path, "train_inner")
+    if inner is not None:
+        return float(inner["loss"])
+    final = last_record(path, "train")
+    return None if final is None else float(final["train_loss"])
+
+
+def read_curves(path, metric="loss"):
+    """{'train': [(update, value)], 'valid': [(update, value)]} from one log.
+
+    ``metric``: ``loss`` (what the criterion optimises: label-smoothed, or cross-entropy plus
+    an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
+    records without it fall back to ``loss``, as fairseq's cross_entropy logs only that)."""
+    curves = {}
+    for kind, tag, prefix, update_key in (("train", "train_inner", "", "num_updates"),
+                                          ("valid", "valid", "valid_", "valid_num_updates")):
+        curves[kind] = []
+        for record in records(path, tag):
+            try:
+                value = record.get(prefix + metric, record[prefix + "loss"])
+                curves[kind].append((int(float(record[update_key])), float(value)))
+            except (ValueError, KeyError):
+                pass  # a record without these fields
+    return curves
+
+
+def bits_to_nats(x):
+    return None if x is None else x * math.log(2)

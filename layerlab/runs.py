@@ -1,0 +1,161 @@
+"""Running experiment steps: a command with its log, the fairseq-train and fairseq-generate
+commands of one run, ``result.json`` resume, and train -> generate -> score of one run.
+
+A run lives in its own directory (``train.log``, checkpoints, ``generate-<subset>.txt``); a
+``result.json`` there marks it finished, so re-running an experiment skips it, and an
+unfinished run starts again from scratch (fairseq-train would otherwise resume from its
+``checkpoint_last.pt`` and train a different number of updates).
+"""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from . import paths
+from .fairseq_log import last_train_loss
+
+
+class StepError(Exception):
+    """A command of an experiment failed; the message names it and ends with its log's tail."""
+
+
+def run_logged(cmd, log=None):
+    """Run ``cmd`` (output into the file ``log`` when given, else to the terminal); raise
+    :class:`StepError` when it fails."""
+    cmd = [str(c) for c in cmd]
+    if log is None:
+        proc = subprocess.run(cmd)
+    else:
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = ""
+        if log:
+            with open(log, errors="replace") as f:
+                tail = f.read()[-3000:]
+        raise StepError(f"command failed (exit {proc.returncode}): {shlex.join(cmd[:3])} ..."
+                        f"{' see ' + log if log else ''}\n{tail}")
+
+
+def train_command(data, run_dir, seed, flags):
+    """fairseq-train of this package (``--user-dir``) into ``run_dir`` with JSON logs."""
+    return [*paths.fairseq_command("fairseq-train"), data, "--user-dir", paths.PLUGIN_DIR,
+            "--seed", seed, "--save-dir", run_dir, "--log-format", "json", "--num-workers", "0",
+            *flags]
+
+
+def generate_command(data, checkpoint, subset, flags):
+    """fairseq-generate of one checkpoint on one subset (``flags``: beam, lengths, --bpe ...).
+    ``--required-batch-size-multiple 1`` keeps every sentence in its own batch slot."""
+    return [*paths.fairseq_command("fairseq-generate"), data, "--user-dir", paths.PLUGIN_DIR,
+            "--path", checkpoint, "--gen-subset", subset, "--required-batch-size-multiple", "1",
+            "--num-workers", "0", *flags]
+
+
+def score_command(scorer, flags):
+    """One of ``scripts/score_*.py`` with ``--json`` (its result on stdout)."""
+    return [sys.executable, paths.script(scorer), *map(str, flags), "--json"]
+
+
+def run_scorer(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StepError(f"{os.path.basename(cmd[1])} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def load_result(run_dir):
+    """The finished run's result, or None (no ``result.json``: not finished)."""
+    path = os.path.join(run_dir, "result.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_result(run_dir, result):
+    with open(os.path.join(run_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
+def fresh_run_dir(run_dir):
+    """An empty ``run_dir`` (whatever an unfinished earlier run left is removed)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    return run_dir
+
+
+def count_params(checkpoint):
+    """Parameters stored in a fairseq checkpoint (fairseq's ``_float_tensor`` buffers left out)."""
+    import torch
+
+    import fairseq_plugins  # noqa: F401  (allow-lists fairseq's checkpoint types for torch.load)
+
+    state = torch.load(checkpoint, map_location="cpu")
+    return sum(v.numel() for k, v in state["model"].items() if not k.endswith("_float_tensor"))
+
+
+def package_version():
+    """The package version and, in a git checkout, the commit (with '+dirty' for local edits)."""
+    import fairseq_plugins
+
+    version = fairseq_plugins.__version__
+    try:
+        commit = subprocess.run(["git", "-C", paths.REPO, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", paths.REPO, "status", "--porcelain", "--",
+                                "fairseq_plugins", "layerlab", "scripts"],
+                               capture_output=True, text=True).stdout.strip()
+        version += f" (git {commit}{'+dirty' if dirty else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return version
+
+
+def score_generation(gen_log, metric, ref=None):
+    """{metric: value, ...} of a fairseq-generate log: ``exact_match`` (with correct and total)
+    or ``bleu`` (against ``ref``, a raw reference file, or the log's T- lines)."""
+    from fairseq_plugins.metrics.bleu import corpus_bleu
+    from fairseq_plugins.metrics.exact_match import exact_match
+    from fairseq_plugins.metrics.generate_log import read_generate_log, read_lines
+
+    log = read_generate_log(gen_log)
+    if metric == "exact_match":
+        score = exact_match(log["hypotheses"], log["references"])
+        return {"exact_match": round(score["exact_match"], 2), "correct": score["correct"],
+                "total": score["total"]}
+    # hypotheses are the D- lines (detokenised with --bpe sentencepiece) when the log has them
+    refs = read_lines(ref) if ref else log["references"]
+    return {"bleu": round(corpus_bleu(log["hypotheses"], refs)["bleu"], 2)}
+
+
+def train_generate_score(run_dir, data, seed, train_flags, subset, generate_flags, metric,
+                         ref=None, resume=True, info=None):
+    """One seq2seq run: fairseq-train, fairseq-generate with ``checkpoint_last.pt`` on
+    ``subset``, then the metric -> its result (``info``, e.g. the row's name, first; also saved
+    as ``result.json``). With ``resume``, a finished run's result is returned as it is, without
+    running anything."""
+    if resume:
+        done = load_result(run_dir)
+        if done is not None:
+            return done
+    fresh_run_dir(run_dir)
+    checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
+    start = time.time()
+    run_logged(train_command(data, run_dir, seed, train_flags), os.path.join(run_dir, "train.log"))
+    train_s = time.time() - start
+    gen_log = os.path.join(run_dir, f"generate-{subset}.txt")
+    start = time.time()
+    run_logged(generate_command(data, checkpoint, subset, generate_flags), gen_log)
+    generate_s = time.time() - start
+    result = {**(info or {}), "seed": seed, **score_generation(gen_log, metric, ref),
+              "params": count_params(checkpoint),
+              "train_loss_bits": last_train_loss(os.path.join(run_dir, "train.log")),
+              "train_seconds": round(train_s, 1), "generate_seconds": round(generate_s, 1),
+              "checkpoint": checkpoint}
+    return save_result(run_dir, result)
+

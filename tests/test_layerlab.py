@@ -1,0 +1,92 @@
+"""The experiment library (layerlab): one source for the benchmark targets, the fairseq commands,
+failed steps, log parsing and seed summaries; and no script reaching around it."""
+import importlib.util
+import os
+import re
+import sys
+
+import pytest
+from helpers import REPO, SCRIPTS
+
+from layerlab import bench, fairseq_log, paths, runs, stats
+
+
+def test_benchmark_targets_are_checked_and_described_from_one_table(monkeypatch):
+    parts = {"seq2seq": {"ratios_vs_transformer": {
+        "fusion": {"train_ratio_over_mac_ratio": 1.1, "generate_speed_ratio": 0.9},
+        "swapped": {"train_time_ratio": 1.5, "generate_time_ratio": 1.4}}}}
+    rows = {t["target"]: t for t in bench.check_targets(parts)}
+    assert rows["swapped: generation time / transformer's"]["met"] is False
+    assert rows["fusion: training time / (transformer time x MAC-model ratio)"]["met"] is True
+    assert not any(t["from"] == "lm" for t in rows.values())  # the part was not run
+    # change the one table: the check and the report's description both follow
+    swapped_generation = ("seq2seq", "generate_time_ratio", ("swapped",))
+    table = [(*t[:4], 1.5, t[5]) if t[:3] == swapped_generation else t for t in bench.TARGETS]
+    monkeypatch.setattr(bench, "TARGETS", tuple(table))
+    rows = {t["target"]: t for t in bench.check_targets(parts)}
+    assert rows["swapped: generation time / transformer's"]["met"] is True
+    assert rows["swapped: generation time / transformer's"]["required"] == "<= 1.5"
+    assert "<= 1.5 (swapped)" in bench.describe_targets("seq2seq")["generate_time_ratio"]
+
+
+def test_fairseq_commands_run_this_pythons_fairseq(tmp_path, monkeypatch):
+    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-train")
+    assert paths.fairseq_command("fairseq-train") == [exe]
+    # without the console scripts beside the interpreter: python -m of a module that exists
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    for name in ("fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm"):
+        cmd = paths.fairseq_command(name)
+        assert cmd[:2] == [str(tmp_path / "python"), "-m"]
+        assert importlib.util.find_spec(cmd[2]) is not None, cmd
+
+
+def test_a_failed_step_names_the_command_and_ends_with_its_log(tmp_path):
+    log = tmp_path / "step.log"
+    with pytest.raises(runs.StepError, match=r"(?s)exit 3.*see .*step\.log\n.*the reason"):
+        runs.run_logged([sys.executable, "-c", "import sys; print('the reason'); sys.exit(3)"],
+                        str(log))
+    runs.run_logged([sys.executable, "-c", "print('fine')"], str(log))
+    assert log.read_text() == "fine\n"
+
+
+def test_results_resume_only_when_finished(tmp_path):
+    run_dir = str(tmp_path / "run")
+    runs.fresh_run_dir(run_dir)
+    assert runs.load_result(run_dir) is None
+    runs.save_result(run_dir, {"bleu": 1.5})
+    assert runs.load_result(run_dir) == {"bleu": 1.5}
+    runs.fresh_run_dir(run_dir)  # an unfinished run starts from nothing
+    assert os.listdir(run_dir) == []
+
+
+def test_last_train_loss_falls_back_to_the_epoch_record(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text('x | train | {"train_loss": "3.5"}\n')
+    assert fairseq_log.last_train_loss(str(log)) == 3.5
+    log.write_text('x | train_inner | {"loss": "4.0"}\nx | train_inner | {"loss": "2.5"}\n'
+                   'x | train | {"train_loss": "3.5"}\nx | train_inner | {"loss": ')
+    assert fairseq_log.last_train_loss(str(log)) == 2.5  # the truncated line is skipped
+
+
+def test_seed_summaries():
+    rows = [{"arch": "a", "seed": s, "em": v, "params": 7, "train_loss_bits": 1.0}
+            for s, v in ((1, 50.0), (2, 54.0), (3, 58.0))]
+    rows.append({"arch": "b", "seed": 1, "em": 10.0, "params": 9, "train_loss_bits": None})
+    a, b = stats.summarise(rows, "em")
+    assert (a["mean"], a["std"], a["values"], a["seeds"]) == (54.0, 4.0, [50.0, 54.0, 58.0],
+                                                              [1, 2, 3])
+    assert (b["std"], b["train_loss_bits_mean"]) == (0.0, None)
+    assert stats.fmt(*stats.mean_std([1.0, None, 3.0])) == "2.00 ± 1.41"
+
+
+def test_no_script_edits_the_import_path():
+    offenders = []
+    for root in (SCRIPTS, os.path.join(REPO, "layerlab"), os.path.join(REPO, "fairseq_plugins")):
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path) as f:
+                        if re.search(r"sys\.path\.(insert|append)", f.read()):
+                            offenders.append(os.path.relpath(path, REPO))
+    assert offenders == []
