@@ -24,6 +24,9 @@ from .paths import REPO  # noqa: F401  (the repository the suite writes its resu
 TARGETS = (
     ("seq2seq", "train_ratio_over_mac_ratio", ("fusion", "fusion_enc", "fusion_dec", "bridge"),
      "<=", 1.15, "{}: training time / (transformer time x MAC-model ratio)"),
+    ("seq2seq", "train_time_ratio", ("dwa",), "<=", 1.05, "{}: training time / transformer's"),
+    ("seq2seq", "train_time_ratio_vs_bridge", ("transparent",), "<=", 1.0,
+     "{}: training time / FC bridge's"),
     ("seq2seq", "generate_speed_ratio", ("fusion", "fusion_enc", "fusion_dec"), ">=", 0.8,
      "{}: generation speed / transformer's"),
     ("seq2seq", "train_time_ratio", ("inverted",), "<=", 1.1, "{}: training time / transformer's"),

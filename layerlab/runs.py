@@ -116,21 +116,28 @@ def package_version():
     return version
 
 
+def generation(gen_log, ref=None):
+    """(hypotheses, references) of a fairseq-generate log in sentence-id order: the D- lines
+    (detokenised with --bpe sentencepiece) where the log has them, and ``ref`` (a raw reference
+    file) or the log's T- lines."""
+    from fairseq_plugins.metrics.generate_log import read_generate_log, read_lines
+
+    log = read_generate_log(gen_log)
+    return log["hypotheses"], (read_lines(ref) if ref else log["references"])
+
+
 def score_generation(gen_log, metric, ref=None):
     """{metric: value, ...} of a fairseq-generate log: ``exact_match`` (with correct and total)
     or ``bleu`` (against ``ref``, a raw reference file, or the log's T- lines)."""
     from fairseq_plugins.metrics.bleu import corpus_bleu
     from fairseq_plugins.metrics.exact_match import exact_match
-    from fairseq_plugins.metrics.generate_log import read_generate_log, read_lines
 
-    log = read_generate_log(gen_log)
+    hypotheses, references = generation(gen_log, ref if metric == "bleu" else None)
     if metric == "exact_match":
-        score = exact_match(log["hypotheses"], log["references"])
+        score = exact_match(hypotheses, references)
         return {"exact_match": round(score["exact_match"], 2), "correct": score["correct"],
                 "total": score["total"]}
-    # hypotheses are the D- lines (detokenised with --bpe sentencepiece) when the log has them
-    refs = read_lines(ref) if ref else log["references"]
-    return {"bleu": round(corpus_bleu(log["hypotheses"], refs)["bleu"], 2)}
+    return {"bleu": round(corpus_bleu(hypotheses, references)["bleu"], 2)}
 
 
 def train_generate_score(run_dir, data, seed, train_flags, subset, generate_flags, metric,

@@ -10,15 +10,19 @@ Every run goes through the real CLIs (fairseq-train --user-dir, fairseq-generate
 quickstart's optimisation recipe (Adam, inverse-sqrt schedule, 200 warm-up updates, dropout 0
 unless ``--train-args`` says otherwise). Finished runs (a ``result.json`` in their directory) are
 not repeated when the command is run again. Writes ``results.json`` and ``results.md`` (mean,
-sample standard deviation and every seed's value per architecture).
+sample standard deviation and every seed's value per architecture; each row's difference to
+``--baseline`` with a 95% interval from a bootstrap over test sentences and seeds together, see
+layerlab/significance.py; training time relative to the baseline's) and ``results.png`` (bars
+with the seed spread).
 """
 import argparse
 import json
 import os
 import shlex
+import statistics
 import sys
 
-from layerlab import recipes, runs, stats
+from layerlab import figures, recipes, runs, significance, stats
 
 
 def run_one(arch, seed, args):
@@ -33,17 +37,48 @@ def run_one(arch, seed, args):
         args.metric, ref=args.ref, info={"arch": arch})
 
 
+def compare_to_baseline(summary, rows, args):
+    """Each row's difference to the baseline (bootstrap over sentences and seeds) and training
+    time ratio, added to its summary."""
+    def run_stats(arch):
+        return [significance.sentence_stats(args.metric, *runs.generation(
+                    os.path.join(args.out_dir, f"{arch}-seed{r['seed']}",
+                                 f"generate-{args.gen_subset}.txt"), args.ref))
+                for r in rows if r["arch"] == arch]
+
+    def train_seconds(arch):
+        return statistics.mean(r["train_seconds"] for r in rows if r["arch"] == arch)
+
+    base = run_stats(args.baseline)
+    for s in summary:
+        s["train_time_ratio"] = round(train_seconds(s["arch"]) / train_seconds(args.baseline), 2)
+        if s["arch"] != args.baseline and args.bootstrap:
+            s["vs_baseline"] = significance.hierarchical_bootstrap(
+                args.metric, run_stats(s["arch"]), base, replicates=args.bootstrap)
+
+
 def markdown(summary, args):
     name = "exact match %" if args.metric == "exact_match" else "BLEU"
     lines = [f"`{args.data}` {args.gen_subset}, {args.max_update} updates x {args.max_tokens} "
              f"tokens, lr {args.lr}, beam 5, seeds {args.seeds}"
              + (f", extra train flags `{args.train_args}`" if args.train_args else ""), "",
-             f"| arch | {name} mean | std | per seed | final train loss (bits/token) | params |",
-             "|---|---:|---:|---|---:|---:|"]
+             f"| arch | {name} mean | std | per seed | vs {args.baseline} [95% interval] | "
+             "beyond noise | final train loss (bits/token) | params | train time ratio |",
+             "|---|---:|---:|---|---:|:---:|---:|---:|---:|"]
     for s in summary:
+        vs = s.get("vs_baseline")
+        diff = f"{vs['difference']:+.2f} [{vs['low']:+.2f}, {vs['high']:+.2f}]" if vs else "-"
+        beyond = ("yes" if vs["larger_than_noise"] else "no") if vs else "-"
         lines.append(f"| {s['arch']} | {s['mean']:.2f} | {s['std']:.2f} | "
-                     f"{', '.join(f'{v:.2f}' for v in s['values'])} | "
-                     f"{s['train_loss_bits_mean']} | {s['params']:,} |")
+                     f"{', '.join(f'{v:.2f}' for v in s['values'])} | {diff} | {beyond} | "
+                     f"{s['train_loss_bits_mean']} | {s['params']:,} | "
+                     f"{s.get('train_time_ratio', '-')} |")
+    if args.bootstrap:
+        lines += ["", f"Interval: {args.bootstrap} bootstrap replicates drawing the test sentences "
+                  "(the same for every run) and, per row, the seeds, with replacement "
+                  "(layerlab/significance.py); \"beyond noise\": the interval excludes 0. "
+                  "Training time: mean seconds per run over the baseline's, on this machine as "
+                  "it was (not a benchmark)."]
     return "\n".join(lines)
 
 
@@ -64,14 +99,23 @@ def main(argv=None):
     p.add_argument("--max-len-b", type=int, default=10, help="fairseq-generate --max-len-b "
                    "(SCAN: 64)")
     p.add_argument("--train-args", default="", help="extra fairseq-train flags (one string)")
+    p.add_argument("--baseline", help="the row the others are compared with (default: the "
+                   "first of --archs)")
+    p.add_argument("--bootstrap", type=int, default=1000,
+                   help="bootstrap replicates for the comparison with --baseline (0: none)")
+    p.add_argument("--plot", help="bar chart of the rows (default: OUT_DIR/results.png)")
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
+    archs = args.archs.split(",")
+    args.baseline = args.baseline or archs[0]
+    if args.baseline not in archs:
+        p.error(f"--baseline {args.baseline} is not one of --archs")
     if not os.path.isdir(args.data):
         p.error(f"--data {args.data} is not a directory (prepare it with scripts/prepare/)")
     seeds = [int(s) for s in args.seeds.split(",")]
     os.makedirs(args.out_dir, exist_ok=True)
     rows = []
-    for arch in args.archs.split(","):
+    for arch in archs:
         for seed in seeds:
             print(f"[compare] {arch} seed {seed} ...", flush=True)
             try:
@@ -80,7 +124,11 @@ def main(argv=None):
                 raise SystemExit(f"compare_seeds: {e}") from None
             print(f"          {args.metric} {rows[-1][args.metric]}", flush=True)
     summary = stats.summarise(rows, args.metric)
+    compare_to_baseline(summary, rows, args)
     table = markdown(summary, args)
+    figures.seed_bars(summary, "exact match %" if args.metric == "exact_match" else "BLEU",
+                      args.plot or os.path.join(args.out_dir, "results.png"),
+                      f"{args.data} {args.gen_subset}, seeds {args.seeds}")
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"config": vars(args), "runs": rows, "summary": summary}, f, indent=2)
     with open(os.path.join(args.out_dir, "results.md"), "w") as f:

@@ -39,7 +39,13 @@ FIXTURES = {
     "inverted_transformer": ("inverted_transformer_tiny", SIZES),
     "decoder_values_transformer": ("decoder_values_transformer_tiny",
                                    SIZES + ["--cross-attention-layers", "1"]),
+    "dwa_transformer": ("dwa_transformer_tiny", SIZES + ["--encoder-layers", "3",
+                                                         "--dwa-dilation", "2"]),
+    "transparent_transformer": ("transparent_transformer_tiny", SIZES),
 }
+# parameters whose initialisation is a constant (the DWA identity, transparent attention's zero
+# logits): drawn at random in the fixture, so that loading them is really checked
+RANDOMISED = ("depth_average.weight", "bridge.weight")
 LM_SIZES = ["--embed-dim", "16", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]
 # language models: (arch, flags); the checkpoint's dictionary is dict.txt
@@ -93,6 +99,12 @@ def make(name, arch, flags, out_root):
     if getattr(model.decoder, "final_logits_bias", None) is not None:
         torch.manual_seed(3)
         model.decoder.final_logits_bias.normal_()
+    if name in ("dwa_transformer", "transparent_transformer"):
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if key.endswith(RANDOMISED):
+                    p.normal_()
     args.data = "."
     out = os.path.join(out_root, name)
     _save(out, args, model)

@@ -22,7 +22,8 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     seq2seq = report["parts"]["seq2seq"]
     assert set(seq2seq["results"]) == {"transformer", "fusion", "fusion_enc", "fusion_dec",
-                                       "bridge", "swapped", "inverted", "decoder_values"}
+                                       "bridge", "swapped", "inverted", "decoder_values",
+                                       "dwa", "transparent"}
     memory = seq2seq["cross_attention_memory_mb_by_target_length"]
     assert set(memory) == {"16", "32"} and all(set(v) == {"standard", "swapped"}
                                                for v in memory.values())
@@ -52,7 +53,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
         curves["depth"][0]["mac_model_ratio"]["fusion"]
 
     targets = {t["target"]: t for t in report["targets"]}
-    assert len(targets) == 16 and all(isinstance(t["met"], bool) for t in targets.values())
+    # 16 targets of the first wave + DWA's training time and transparent attention's vs the bridge
+    assert len(targets) == 18 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert targets["transparent: training time / FC bridge's"]["required"] == "<= 1.0"
     assert targets["swapped: training time / transformer's"]["required"] == "<= 2.0"
     table = md.read_text()
     assert "--quick: tiny sizes" in table and "| fusion |" in table and "| 8 |" in table

@@ -90,3 +90,42 @@ def test_no_script_edits_the_import_path():
                         if re.search(r"sys\.path\.(insert|append)", f.read()):
                             offenders.append(os.path.relpath(path, REPO))
     assert offenders == []
+
+
+def test_sentence_statistics_reproduce_the_corpus_scores():
+    from fairseq_plugins.metrics.bleu import corpus_bleu
+    from fairseq_plugins.metrics.exact_match import exact_match
+    from layerlab import significance
+
+    hyps = ["the cat sat on the mat", "a dog  ran", "it is raining today", "we go home"]
+    refs = ["the cat sat on a mat", "a dog ran", "it rains today", "we went home now"]
+    bleu = significance.sentence_stats("bleu", hyps, refs)
+    assert significance.score("bleu", bleu) == pytest.approx(corpus_bleu(hyps, refs)["bleu"],
+                                                             abs=1e-9)
+    assert significance.score("bleu", bleu[[0, 2]]) == pytest.approx(
+        corpus_bleu([hyps[0], hyps[2]], [refs[0], refs[2]])["bleu"], abs=1e-9)
+    em = significance.sentence_stats("exact_match", hyps, refs)
+    assert significance.score("exact_match", em) == exact_match(hyps, refs)["exact_match"] == 25.0
+
+
+def test_bootstrap_separates_a_real_difference_from_seed_noise():
+    import numpy as np
+
+    from layerlab import significance
+
+    rng = np.random.default_rng(0)
+
+    def runs_with(accuracies, n=400):
+        return [(rng.random((n, 1)) < a).astype(float) for a in accuracies]
+
+    base = runs_with([0.50, 0.52, 0.48])
+    same = significance.hierarchical_bootstrap("exact_match", base, base, replicates=300)
+    assert same["difference"] == 0.0 and same["low"] <= 0 <= same["high"]
+    assert not same["larger_than_noise"]
+    better = significance.hierarchical_bootstrap("exact_match", runs_with([0.80, 0.82, 0.79]),
+                                                 base, replicates=300)
+    assert better["larger_than_noise"] and better["low"] > 20
+    # a mean 5 points higher, but the seeds spread over 50 points: not beyond the noise
+    noisy = significance.hierarchical_bootstrap("exact_match", runs_with([0.30, 0.55, 0.80]),
+                                                base, replicates=300)
+    assert not noisy["larger_than_noise"] and noisy["high"] - noisy["low"] > 30

@@ -32,6 +32,8 @@ SEQ2SEQ = {
     "swapped": ("swapped_transformer_tiny", SIZES + ["--cross-attention-chunk-size", "2"]),
     "inverted": ("inverted_transformer_tiny", SIZES),
     "decoder_values": ("decoder_values_transformer_tiny", SIZES),
+    "dwa": ("dwa_transformer_tiny", SIZES + ["--dwa-dilation", "2"]),
+    "transparent": ("transparent_transformer_tiny", SIZES),
 }
 LM_SIZES = ["--embed-dim", "30", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]  # head dim 15: the padded path where it runs

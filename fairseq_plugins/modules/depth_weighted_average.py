@@ -12,10 +12,13 @@ other weight 0 at initialisation, so the stack starts as the plain transformer, 
 
 Everything is per position: incremental decoding needs no cache.
 """
+import logging
 from typing import List, Tuple
 
 import torch
 from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
 
 
 def dwa_inputs(block: int, dilation: int) -> Tuple[int, ...]:
@@ -54,6 +57,16 @@ class DepthWeightedAverage(nn.Module):
         for k, j in enumerate(self.inputs[:-1]):
             out = out + states[j] * weight[k]
         return out
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Fine-tuning from a checkpoint without averages (e.g. fairseq's transformer): they start
+        as the identity, so the model computes exactly what the checkpoint did."""
+        key = f"{name}.weight" if name else "weight"
+        if key not in state_dict:
+            logger.info(f"{key} is not in the checkpoint: initialised as the identity")
+            initial = torch.zeros_like(self.weight)
+            initial[-1] = 1.0
+            state_dict[key] = initial
 
     @staticmethod
     def macs(embed_dim: int, num_inputs: int) -> int:

@@ -1,7 +1,8 @@
 """Transformer layers with an explicit sub-layer order, for the layer-relationship features.
 
-Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
--> FFN. The fuse-attention (LRF) is present only in the layers that fuse; the decoder layer's
+Encoder layer: self-attn -> fuse-attn -> FFN (-> DWA). Decoder layer: self-attn -> cross-attn ->
+fuse-attn -> FFN (-> DWA). The fuse-attention (LRF) is present only in the layers that fuse, the
+depth-weighted average (DenseFormer) only after the layers that have one; the decoder layer's
 cross-attention reads a memory of its own when the model has an encoder-decoder bridge. Each layer
 is built with its own :class:`LayerOptions` (its index in the stack and its resolved settings).
 Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``) or
@@ -16,7 +17,7 @@ modules. Options of fairseq's layers that have no place in that order (``--cross
 ``models/layerwise/options.py``).
 """
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,22 +30,28 @@ from fairseq.modules.transformer_layer import (
 
 from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
+from .depth_weighted_average import DepthWeightedAverage
 from .fuse_attention import FuseAttention, LayerHistory
 
 
 @dataclass(frozen=True)
 class LayerOptions:
     """What one layer needs to know about itself: its 0-based ``index`` in the stack, the heads
-    of its fuse-attention (None: the layer does not fuse), whether it records its input for the
-    fusing layers above it, and its cross-attention kind (decoder only)."""
+    of its fuse-attention (None: the layer does not fuse), whether it records its input (for the
+    fusing layers above it) and its output (for the depth-weighted averages), the states its
+    depth-weighted average combines (None: no average after it), and its cross-attention kind
+    (decoder only)."""
     index: int
     fusion_heads: Optional[int] = None
     records_input: bool = False
     cross_attention: str = STANDARD
+    records_output: bool = False
+    depth_average: Optional[Tuple[int, ...]] = None
 
 
 class _FusionSublayers:
-    """Fuse-attention and FFN sub-layers shared by the encoder and decoder layers."""
+    """Fuse-attention, FFN and depth-weighted average, shared by the encoder and decoder
+    layers."""
 
     def _init_fusion(self, cfg, embed_dim, options: LayerOptions,
                      history: Optional[LayerHistory]):
@@ -57,6 +64,8 @@ class _FusionSublayers:
         else:
             self.fuse_attn = None
             self.fuse_attn_layer_norm = None
+        self.depth_average = (DepthWeightedAverage(options.depth_average)
+                              if options.depth_average is not None else None)
 
     def _record_input(self, x: Tensor):
         if self.options.records_input:
@@ -74,6 +83,15 @@ class _FusionSublayers:
         if not self.normalize_before:
             x = self.fuse_attn_layer_norm(x)
         return x
+
+    def _output(self, x: Tensor) -> Tensor:
+        """The layer's output: its block output x_s, or the depth-weighted average after it
+        (which the next layer receives as its input)."""
+        if self.options.records_output:
+            self.history.append(x)
+        if self.depth_average is None:
+            return x
+        return self.depth_average(self.history.states)
 
     def _ffn_block(self, x: Tensor) -> Tensor:
         residual = x
@@ -112,7 +130,7 @@ class LayerwiseEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
         x = self._fusion_block(x)
-        return self._ffn_block(x)
+        return self._output(self._ffn_block(x))
 
 
 class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
@@ -194,4 +212,4 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
                 x = self.encoder_attn_layer_norm(x)
 
         x = self._fusion_block(x)
-        return self._ffn_block(x), attn, None
+        return self._output(self._ffn_block(x)), attn, None

@@ -7,19 +7,25 @@ h_0 and its layer outputs h_1 .. h_N, instead of h_N alone:
 
 The logits w start at zero, i.e. every decoder layer starts with the uniform average of the N + 1
 encoder states; that is the initialisation of lingvo's ``WeightedSumLayer`` (constant 0), the
-combination layer of the framework the paper's models were built in. Unlike the FC bridge, the
+combination layer of lingvo, the authors' framework (its dropout on the logits is not
+implemented here). Unlike the FC bridge, the
 model does not start as the plain transformer (a softmax cannot put all weight on h_N).
 The memories are computed once per source sentence, as the FC bridge's.
 """
+import logging
 from typing import List
 
 import torch
 from torch import Tensor, nn
 
+logger = logging.getLogger(__name__)
+
 
 class TransparentAttention(nn.Module):
     """``weight``: N_dec x (N + 1) logits. forward(states) with states = [h_0, ..., h_N], each
     S x B x C -> the decoder layers' memories, N_dec x S x B x C (the FC bridge's layout)."""
+
+    first_layer_index = 0  # block 0 of its input is the embedding output h_0
 
     def __init__(self, num_states: int, num_decoder_layers: int):
         super().__init__()
@@ -42,6 +48,13 @@ class TransparentAttention(nn.Module):
         weights = self.combination_weights().to(stacked.dtype)  # N_dec x (N+1)
         # one matmul for every decoder layer: S x B x C x N_dec -> N_dec x S x B x C
         return torch.matmul(stacked, weights.t()).permute(3, 0, 1, 2)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Fine-tuning from a checkpoint without it: start from the uniform average."""
+        key = f"{name}.weight" if name else "weight"
+        if key not in state_dict:
+            logger.info(f"{key} is not in the checkpoint: initialised uniform (zero logits)")
+            state_dict[key] = torch.zeros_like(self.weight)
 
     @staticmethod
     def macs(embed_dim: int, num_states: int, num_decoder_layers: int, src_len: int) -> int:

@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_plugins.modules import cross_attention
+from fairseq_plugins.modules.depth_weighted_average import DepthWeightedAverage, dwa_inputs
 from fairseq_plugins.modules.fuse_attention import FuseAttention
 from fairseq_plugins.modules.layer_bridge import LayerBridge
+from fairseq_plugins.modules.transparent_attention import TransparentAttention
 from fairseq_plugins.modules.transformer_macs import transformer_macs
 from layerlab import bench as common
 
@@ -37,6 +39,9 @@ VARIANTS = {
     "fusion_enc": ("layerwise_transformer", ["--encoder-fusion"]),
     "fusion_dec": ("layerwise_transformer", ["--decoder-fusion"]),
     "bridge": ("layerwise_transformer", ["--bridge", "fc"]),
+    "dwa": ("layerwise_transformer", ["--encoder-fusion", "--decoder-fusion",
+                                      "--fusion-kind", "dwa"]),
+    "transparent": ("layerwise_transformer", ["--bridge", "transparent"]),
     "swapped": ("layerwise_transformer", ["--cross-attention", "swapped"]),
     "inverted": ("layerwise_transformer", ["--cross-attention", "inverted"]),
     "decoder_values": ("layerwise_transformer", ["--cross-attention", "decoder-values"]),
@@ -146,8 +151,13 @@ def mac_ratio(variant, cfg, algorithm):
             # layer i (0-based) attends over the embedding output and the i layers below it
             extra += length * sum(FuseAttention.macs(d, heads, i + 1, algorithm)
                                   for i in range(L))
+        if variant == "dwa":  # an average after every layer s over the states 0..s
+            extra += length * sum(DepthWeightedAverage.macs(d, len(dwa_inputs(s, 1)))
+                                  for s in range(1, L + 1))
     if variant == "bridge":
         extra += LayerBridge.macs(d, L, L, cfg["src_len"])
+    if variant == "transparent":
+        extra += TransparentAttention.macs(d, L + 1, L, cfg["src_len"])
     if variant in CROSS_ATTENTION:
         extra += L * cross_attention.extra_macs(CROSS_ATTENTION[variant], d, heads,
                                                 cfg["src_len"], cfg["tgt_len"])
@@ -251,6 +261,9 @@ def run(args):
             "params_extra": (results[variant]["params"] - results[BASELINE]["params"]
                              if BASELINE in results else None),
         }
+    if "transparent" in ratios and "bridge" in ratios:  # each measured against the transformer
+        ratios["transparent"]["train_time_ratio_vs_bridge"] = round(
+            ratios["transparent"]["train_time_ratio"] / ratios["bridge"]["train_time_ratio"], 3)
     scaling = {}
     if "swapped" in variants:
         # swapped's memory must grow as T x S x chunk, not T^2 x S: the module alone, each

@@ -1,51 +1,68 @@
-"""Encoder-decoder FC bridge (Song 2024, arXiv 2405.08570): the flags, their defaults and
-validation, resolved into :class:`BridgeOptions`.
+"""Bridges from the encoder's layers to each decoder layer's cross-attention memory: the flags,
+their defaults and validation, resolved into :class:`BridgeOptions`. Two kinds (``--bridge``):
 
-``--bridge fc`` gives every decoder layer its own cross-attention memory, a bias-free projection
-of all encoder layers (:class:`fairseq_plugins.modules.layer_bridge.LayerBridge`), computed once
-per source sentence; see docs/ideas/bridge.md.
+- ``fc``: the encoder-decoder FC bridge (Song 2024, arXiv 2405.08570), a bias-free projection of
+  all encoder layers per decoder layer
+  (:class:`fairseq_plugins.modules.layer_bridge.LayerBridge`); see docs/ideas/bridge.md.
+- ``transparent``: transparent attention (Bapna et al. 2018, arXiv 1808.07561), a softmax-weighted
+  average of the embedding output and all encoder layers per decoder layer
+  (:class:`fairseq_plugins.modules.transparent_attention.TransparentAttention`); see
+  docs/ideas/transparent-attention.md.
+
+Either is computed once per source sentence (beam search reorders only an index).
 """
 import argparse
 from dataclasses import dataclass
 from typing import Optional
 
 from ...modules.layer_bridge import BRIDGE_INITS, LayerBridge
+from ...modules.transparent_attention import TransparentAttention
 
-DEFAULTS = {"bridge": "none", "bridge_init": None, "bridge_include_embedding": False}
+KINDS = ("none", "fc", "transparent")
+# bridge_include_embedding defaults to None: fc leaves h_0 out unless asked, transparent always
+# reads it, and an explicit --no-bridge-include-embedding with transparent is an error
+DEFAULTS = {"bridge": "none", "bridge_init": None, "bridge_include_embedding": None}
 DEFAULT_INIT = "original"  # the model without a bridge, exactly
 # the encoder_out entries the encoder writes and the decoder reads: [N_dec x S x B0 x C] and [B]
 MEMORIES, INDEX = "bridge_memories", "bridge_index"
 
 
 def add_args(parser):
-    parser.add_argument("--bridge", choices=["none", "fc"],
+    parser.add_argument("--bridge", choices=KINDS,
                         help="fc: every decoder layer cross-attends to its own bias-free "
-                             "projection of all encoder layers' outputs (default: none)")
+                             "projection of all encoder layers' outputs; transparent: to its own "
+                             "softmax-weighted average of the embedding output and all encoder "
+                             "layers (default: none)")
     parser.add_argument("--bridge-init", choices=BRIDGE_INITS,
-                        help="initialisation of the bridge: original = read the last encoder "
+                        help="initialisation of the fc bridge: original = read the last encoder "
                              "layer (the model without a bridge), gca = decoder layer j reads "
                              "encoder layer N+1-j, uniform = average, random (default: "
                              f"{DEFAULT_INIT})")
     parser.add_argument("--bridge-include-embedding", action=argparse.BooleanOptionalAction,
-                        help="also project the embedding output h_0 (default: off, as the paper)")
+                        help="fc: also project the embedding output h_0 (default: off, as the "
+                             "paper); transparent always averages it")
 
 
 def enabled(args) -> bool:
-    return getattr(args, "bridge", "none") == "fc"
+    return getattr(args, "bridge", "none") != "none"
 
 
-NEW_ATTENTION = False  # the decoder's cross-attention is fairseq's, reading another memory
+def new_attention(args) -> bool:
+    """False: the decoder's cross-attention stays fairseq's, reading another memory."""
+    return False
 
 
 def active(args, side=None):
-    """['--bridge fc'] when the bridge is on (it changes the decoder's layers only)."""
-    return ["--bridge fc"] if enabled(args) and side in (None, "decoder") else []
+    """['--bridge KIND'] when a bridge is on (it changes the decoder's layers only)."""
+    return [f"--bridge {args.bridge}"] if enabled(args) and side in (None, "decoder") else []
 
 
 @dataclass(frozen=True)
 class BridgeOptions:
-    """``init``: one of BRIDGE_INITS; ``include_embedding``: h_0 is block 0 of the projection."""
-    init: str
+    """``kind``: fc or transparent; ``init``: one of BRIDGE_INITS (fc; None for transparent);
+    ``include_embedding``: h_0 is block 0 of the bridge's input."""
+    kind: str
+    init: Optional[str]
     include_embedding: bool
 
     @property
@@ -56,29 +73,39 @@ class BridgeOptions:
 
 def validate(args):
     if not enabled(args):
-        if args.bridge_init is not None or args.bridge_include_embedding:
+        if args.bridge_init is not None or args.bridge_include_embedding is not None:
             raise ValueError("--bridge-init/--bridge-include-embedding were given but --bridge is "
                              f"{args.bridge!r}; add --bridge fc")
         return
+    if args.bridge == "transparent":
+        if args.bridge_init is not None:
+            raise ValueError("--bridge-init applies to --bridge fc; transparent attention starts "
+                             "from the uniform average")
+        if args.bridge_include_embedding is False:
+            raise ValueError("--no-bridge-include-embedding: transparent attention always "
+                             "includes the embedding output h_0")
     if getattr(args, "no_cross_attention", False):
-        raise ValueError("--bridge fc feeds the cross-attention: not with --no-cross-attention")
+        raise ValueError(f"--bridge {args.bridge} feeds the cross-attention: not with "
+                         "--no-cross-attention")
     for name in ("encoder_layerdrop", "encoder_layers_to_keep"):
         if getattr(args, name, None):
-            raise ValueError(f"--{name.replace('_', '-')} is not supported with --bridge fc: the "
-                             "bridge reads every encoder layer")
+            raise ValueError(f"--{name.replace('_', '-')} is not supported with --bridge "
+                             f"{args.bridge}: the bridge reads every encoder layer")
 
 
 def record_init(args):
     """With the bridge on, write the initialisation used into ``args`` (so that a checkpoint's
     args say which one it started from)."""
-    if enabled(args) and args.bridge_init is None:
+    if getattr(args, "bridge", "none") == "fc" and args.bridge_init is None:
         args.bridge_init = DEFAULT_INIT
 
 
 def resolve(cfg) -> BridgeOptions:
     """The bridge of a model whose args went through :func:`record_init`, validated against the
     stack depths."""
-    options = BridgeOptions(cfg.bridge_init, bool(cfg.bridge_include_embedding))
+    if cfg.bridge == "transparent":
+        return BridgeOptions("transparent", None, True)
+    options = BridgeOptions("fc", cfg.bridge_init, bool(cfg.bridge_include_embedding))
     if options.init == "gca" and cfg.encoder_layers != cfg.decoder_layers:
         raise ValueError(f"--bridge-init gca pairs decoder layer j with encoder layer N+1-j and "
                          f"needs --encoder-layers == --decoder-layers (got "
@@ -86,11 +113,13 @@ def resolve(cfg) -> BridgeOptions:
     return options
 
 
-def build(cfg) -> Optional[LayerBridge]:
-    """The encoder's bridge (None without ``--bridge fc``)."""
+def build(cfg):
+    """The encoder's bridge: a LayerBridge (fc), a TransparentAttention, or None."""
     if not enabled(cfg):
         return None
     options = resolve(cfg)
+    if options.kind == "transparent":
+        return TransparentAttention(cfg.encoder.layers + 1, cfg.decoder.layers)
     return LayerBridge(cfg.encoder.embed_dim, cfg.encoder.layers + options.include_embedding,
                        cfg.decoder.layers, options.init,
                        first_layer_index=options.first_layer_index)

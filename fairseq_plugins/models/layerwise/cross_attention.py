@@ -35,7 +35,9 @@ def add_args(parser):
                              f"{DEFAULT_CHUNK_SIZE})")
 
 
-NEW_ATTENTION = True  # the variants build Linear layers of their own
+def new_attention(args) -> bool:
+    """The variants build Linear layers of their own."""
+    return bool(active(args))
 
 
 def active(args, side=None):

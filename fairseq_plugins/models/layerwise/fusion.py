@@ -1,18 +1,28 @@
-"""Layer-wise representation fusion (LRF; Zheng et al. 2023, arXiv 2307.10799): the flags, their
-defaults and validation, resolved per stack into :class:`FusionOptions`.
+"""Fusion across the layers of a stack: the flags, their defaults and validation, resolved per
+stack into :class:`FusionOptions`. Two kinds (``--fusion-kind``):
 
-``--encoder-fusion`` / ``--decoder-fusion`` add a fuse-attention sub-layer
-(:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the ``--fusion-layers``) of
-that stack; see docs/ideas/fusion.md.
+- ``attention``: layer-wise representation fusion (LRF; Zheng et al. 2023, arXiv 2307.10799).
+  ``--encoder-fusion`` / ``--decoder-fusion`` add a fuse-attention sub-layer
+  (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the ``--fusion-layers``) of
+  that stack; see docs/ideas/fusion.md.
+- ``dwa``: depth-weighted averaging (DenseFormer; Pagliardini et al. 2024, arXiv 2402.02622).
+  After every ``--dwa-period``-th layer, a learned scalar combination of the embedding output and
+  the layers' outputs so far (every ``--dwa-dilation``-th one) becomes the next layer's input
+  (:mod:`fairseq_plugins.modules.depth_weighted_average`); see docs/ideas/dwa.md.
 """
 import argparse
 from dataclasses import dataclass
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Optional, Tuple
 
+from ...modules.depth_weighted_average import dwa_inputs, has_dwa
 from .indices import parse_layer_indices
 
-DEFAULTS = {"encoder_fusion": False, "decoder_fusion": False, "fusion_heads": None,
-            "fusion_layers": None, "fusion_include_embedding": True}
+KINDS = ("attention", "dwa")
+# the DWA flags default to None so that giving them without --fusion-kind dwa is caught
+DEFAULTS = {"encoder_fusion": False, "decoder_fusion": False, "fusion_kind": KINDS[0],
+            "fusion_heads": None, "fusion_layers": None, "fusion_include_embedding": True,
+            "dwa_dilation": None, "dwa_period": None}
+DWA_DEFAULTS = {"dwa_dilation": 1, "dwa_period": 1}  # every layer, every state: the paper's 1x1
 
 
 def add_args(parser):
@@ -32,25 +42,52 @@ def add_args(parser):
     parser.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
                         help="include the embedding output h_0 among the fused states "
                              "(default: on, as in the paper)")
+    parser.add_argument("--fusion-kind", choices=KINDS,
+                        help="attention: LRF's fuse-attention sub-layer; dwa: DenseFormer's "
+                             "depth-weighted average after the layers (default: attention)")
+    parser.add_argument("--dwa-dilation", type=int, metavar="K",
+                        help="with --fusion-kind dwa: average every K-th state only (those "
+                             "congruent to the layer mod K; default: 1, all)")
+    parser.add_argument("--dwa-period", type=int, metavar="P",
+                        help="with --fusion-kind dwa: a DWA after every P-th layer only "
+                             "(default: 1, every layer)")
 
 
 @dataclass(frozen=True)
 class FusionOptions:
-    """One stack's fusion: the 0-based ``layers`` that fuse, the fuse-attention ``heads``, and
-    whether the embedding output h_0 is among the fused states."""
+    """One stack's fusion: its ``kind``, the 0-based ``layers`` that fuse (attention) or are
+    followed by a DWA (dwa), the fuse-attention ``heads`` (attention only), whether the embedding
+    output h_0 is among the fused states, and the DWA ``dilation``."""
+    kind: str
     layers: FrozenSet[int]
-    heads: int
+    heads: Optional[int]
     include_embedding: bool
+    dilation: int = 1
 
     def records_input_of(self, index: int) -> bool:
-        """Layer ``index`` records its input for the layers above it (the first layer's input is
-        the embedding output h_0, recorded only when it is fused)."""
+        """Layer ``index`` records its input for the layers above it. attention: every layer's
+        input is a lower layer's output (the first layer's is h_0, recorded only when it is
+        fused); dwa: the averages combine the layers' own outputs, so only h_0 is an input
+        recorded."""
+        if self.kind == "dwa":
+            return index == 0
         return index > 0 or self.include_embedding
 
+    def records_output_of(self, index: int) -> bool:
+        """dwa: every layer records its own output x_s (before its average)."""
+        return self.kind == "dwa"
 
-# the fuse-attention reads its K/V weights directly (see FuseAttention): hooks on fairseq's
-# Linear layers (quant-noise) would miss them
-NEW_ATTENTION = True
+    def depth_average_of(self, index: int) -> Optional[Tuple[int, ...]]:
+        """dwa: the states the average after layer ``index`` combines (None: no average)."""
+        if self.kind != "dwa" or index not in self.layers:
+            return None
+        return dwa_inputs(index + 1, self.dilation)
+
+
+def new_attention(args) -> bool:
+    """The fuse-attention reads its K/V weights directly (see FuseAttention): hooks on fairseq's
+    Linear layers (quant-noise) would miss them. The depth-weighted averages have no Linear."""
+    return bool(active(args)) and args.fusion_kind == "attention"
 
 
 def active(args, side=None):
@@ -65,12 +102,33 @@ def validate(args):
                                                             or args.fusion_heads):
         raise ValueError("--fusion-layers/--fusion-heads were given but neither "
                          "--encoder-fusion nor --decoder-fusion is on")
+    if args.fusion_kind != "dwa":
+        if args.dwa_dilation is not None or args.dwa_period is not None:
+            raise ValueError(f"--dwa-dilation/--dwa-period were given but --fusion-kind is "
+                             f"{args.fusion_kind}; add --fusion-kind dwa")
+        return
+    if not (args.encoder_fusion or args.decoder_fusion):
+        raise ValueError("--fusion-kind dwa was given but neither --encoder-fusion nor "
+                         "--decoder-fusion is on")
+    for name in ("fusion_heads", "fusion_layers"):
+        if getattr(args, name):
+            raise ValueError(f"--{name.replace('_', '-')} applies to --fusion-kind attention; "
+                             "with dwa, --dwa-period and --dwa-dilation choose the averages")
+    if not args.fusion_include_embedding:
+        raise ValueError("--no-fusion-include-embedding: dwa always averages the embedding "
+                         "output x_0 (the states congruent to the layer mod --dwa-dilation)")
+    for name, default in DWA_DEFAULTS.items():
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def resolve(args, side: str, num_layers: int) -> Optional[FusionOptions]:
     """``side``'s fusion (None when that stack does not fuse), validated."""
     if not getattr(args, f"{side}_fusion"):
         return None
+    if getattr(args, "fusion_kind", KINDS[0]) == "dwa":
+        return _resolve_dwa(args, side, num_layers)
     if num_layers < 2:
         raise ValueError(
             f"--{side}-fusion needs at least 2 {side} layers (--{side}-layers={num_layers}): "
@@ -90,4 +148,15 @@ def resolve(args, side: str, num_layers: int) -> Optional[FusionOptions]:
         divisors = [h for h in range(1, dim + 1) if dim % h == 0 and h <= 64]
         raise ValueError(f"--fusion-heads={heads} must divide --{side}-embed-dim={dim}; "
                          f"allowed: {divisors}")
-    return FusionOptions(frozenset(layers), heads, bool(args.fusion_include_embedding))
+    return FusionOptions("attention", frozenset(layers), heads,
+                         bool(args.fusion_include_embedding))
+
+
+def _resolve_dwa(args, side: str, num_layers: int) -> FusionOptions:
+    dilation, period = (getattr(args, name) or default for name, default in DWA_DEFAULTS.items())
+    for flag, value in (("--dwa-period", period), ("--dwa-dilation", dilation)):
+        if value > num_layers:
+            raise ValueError(f"{flag} {value} is larger than the {num_layers} {side} layers: "
+                             f"allowed 1..{num_layers}")
+    layers = frozenset(i for i in range(num_layers) if has_dwa(i + 1, period))
+    return FusionOptions("dwa", layers, None, True, dilation)

@@ -22,7 +22,8 @@ def add_args(parser):
                              "vector, as Marian's <pad> start (default: off)")
 
 
-NEW_ATTENTION = False
+def new_attention(args) -> bool:
+    return False
 
 
 def active(args, side=None):

@@ -2,8 +2,9 @@
 
 Each feature (``fusion``, ``bridge``, ``cross_attention``, ``marian``) owns its flags, their
 defaults and their validation in its own module beside this one, and says through
-``active(args, side)`` which of its flags change a stack's layers (and through ``NEW_ATTENTION``
-whether it builds attention modules of its own). Here they are put together:
+``active(args, side)`` which of its flags change a stack's layers (and through
+``new_attention(args)`` whether it builds attention modules of its own). Here they are put
+together:
 :func:`add_args`, :func:`set_defaults` and :func:`validate` for the model, and
 :func:`resolve_stack`, which turns a stack's flags into one :class:`StackOptions` at build time:
 for every layer, its 0-based index and its settings
@@ -25,7 +26,7 @@ UNSUPPORTED_WITH_LAYERWISE = (
     "cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resid",
     "checkpoint_activations",
 )
-# quant-noise's hooks would miss the Linear layers of a feature with NEW_ATTENTION
+# quant-noise's hooks would miss the Linear layers of a feature's new_attention
 UNSUPPORTED_WITH_NEW_ATTENTION = ("quant_noise_pq",)
 
 
@@ -53,10 +54,9 @@ def set_defaults(args):
 def validate(args):
     """The checks that need the whole model's flags (each feature's, and fairseq options none of
     the layerwise layers implements); raise ValueError naming the flag and the allowed values."""
-    on = {feature: feature.active(args) for feature in FEATURES}
-    flags = [flag for feature_flags in on.values() for flag in feature_flags]
+    flags = [flag for feature in FEATURES for flag in feature.active(args)]
     unsupported = UNSUPPORTED_WITH_LAYERWISE if flags else ()
-    if any(flag_list and feature.NEW_ATTENTION for feature, flag_list in on.items()):
+    if any(feature.new_attention(args) for feature in FEATURES):
         unsupported += UNSUPPORTED_WITH_NEW_ATTENTION
     for name in unsupported:
         if getattr(args, name, False):
@@ -74,9 +74,12 @@ def resolve_stack(cfg, side: str) -> StackOptions:
     layers = tuple(
         LayerOptions(
             index=i,
-            fusion_heads=stack_fusion.heads if stack_fusion and i in stack_fusion.layers else None,
+            fusion_heads=(stack_fusion.heads if stack_fusion and stack_fusion.kind == "attention"
+                          and i in stack_fusion.layers else None),
             records_input=stack_fusion is not None and stack_fusion.records_input_of(i),
-            cross_attention=kinds.get(i, cross_attention.STANDARD))
+            cross_attention=kinds.get(i, cross_attention.STANDARD),
+            records_output=stack_fusion is not None and stack_fusion.records_output_of(i),
+            depth_average=stack_fusion.depth_average_of(i) if stack_fusion else None)
         for i in range(num_layers))
     layerwise = any(feature.active(cfg, side) for feature in FEATURES)
     return StackOptions(layers, stack_fusion, layerwise)

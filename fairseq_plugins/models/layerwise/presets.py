@@ -39,9 +39,19 @@ for _prefix, (_enc, _dec) in FUSION_SIDES.items():
         register_preset(f"{_prefix}_transformer{_size}", _size_fn, encoder_fusion=_enc,
                         decoder_fusion=_dec)
 
-# bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise)
+# layerwise_transformer_tiny: fairseq's tiny sizes, every feature off (switch them by flags)
+register_preset(f"{MODEL_NAME}_tiny", SIZES["_tiny"])
+
+# dwa_transformer{,_iwslt_de_en,_tiny}: DenseFormer's depth-weighted averages in both stacks
+for _size, _size_fn in SIZES.items():
+    register_preset(f"dwa_transformer{_size}", _size_fn, encoder_fusion=True,
+                    decoder_fusion=True, fusion_kind="dwa")
+
+# bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise);
+# transparent_transformer{,_tiny}: transparent attention
 for _size in ("", "_tiny"):
     register_preset(f"bridge_transformer{_size}", SIZES[_size], bridge="fc")
+    register_preset(f"transparent_transformer{_size}", SIZES[_size], bridge="transparent")
 
 # {swapped,inverted,decoder_values}_transformer{,_iwslt_de_en,_tiny}: the cross-attention
 # variants in every decoder layer
