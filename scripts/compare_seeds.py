@@ -16,6 +16,7 @@ layerlab/significance.py; training time relative to the baseline's) and ``result
 with the seed spread).
 """
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -114,6 +115,11 @@ def main(argv=None):
         p.error(f"--data {args.data} is not a directory (prepare it with scripts/prepare/)")
     seeds = [int(s) for s in args.seeds.split(",")]
     os.makedirs(args.out_dir, exist_ok=True)
+    # the code the runs use is the code at the start (a long comparison may outlive later edits)
+    command = " ".join(["python scripts/compare_seeds.py",
+                        *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    provenance = {"command": command, "package_version": runs.package_version(),
+                  "date": datetime.date.today().isoformat()}
     rows = []
     for arch in archs:
         for seed in seeds:
@@ -129,8 +135,11 @@ def main(argv=None):
     figures.seed_bars(summary, "exact match %" if args.metric == "exact_match" else "BLEU",
                       args.plot or os.path.join(args.out_dir, "results.png"),
                       f"{args.data} {args.gen_subset}, seeds {args.seeds}")
+    table += (f"\n\nCommand: `{command}`  \nPackage: fairseq_plugins "
+              f"{provenance['package_version']}, started {provenance['date']}")
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump({"config": vars(args), "runs": rows, "summary": summary}, f, indent=2)
+        json.dump({"config": vars(args), **provenance, "runs": rows, "summary": summary}, f,
+                  indent=2)
     with open(os.path.join(args.out_dir, "results.md"), "w") as f:
         f.write(table + "\n")
     print(table)

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Heatmap of an FC bridge: how strongly each decoder layer reads each encoder layer.
+"""Heatmap of a bridge: how strongly each decoder layer reads each encoder layer.
 
     python scripts/plot_bridge.py checkpoint.pt [more.pt ...] --out bridge.png [--json norms.json]
 
-For every checkpoint with a bridge (--bridge fc), plots the N_dec x N matrix of Frobenius norms of
-the d x d blocks of the bridge weights (rows: decoder layers 1..N_dec, columns: encoder layers,
-h_0 first when the embedding is included), side by side, so that the original init (last column),
-GCA (anti-diagonal) and learned connections can be compared by eye.
+For every checkpoint with a bridge, plots an N_dec x N matrix (rows: decoder layers 1..N_dec,
+columns: encoder layers, h_0 first when the embedding is included), side by side: for --bridge fc
+the Frobenius norms of the d x d blocks of the bridge weights, so that the original init (last
+column), GCA (anti-diagonal) and learned connections can be compared by eye; for --bridge
+transparent the softmax weights each decoder layer puts on h_0 .. h_N (rows sum to 1).
 """
 import argparse
 import json
@@ -25,10 +26,17 @@ def bridge_norms(path):
 
     from fairseq_plugins.modules.layer_bridge import block_norms  # also allow-lists checkpoints
 
+    from fairseq_plugins.modules.transparent_attention import TransparentAttention
+
     state = torch.load(path, map_location="cpu")
     weight = state["model"].get("encoder.bridge.weight")
     if weight is None:
-        raise ValueError(f"{path} has no bridge (encoder.bridge.weight); train with --bridge fc")
+        raise ValueError(f"{path} has no bridge (encoder.bridge.weight); train with --bridge fc "
+                         "or transparent")
+    if weight.dim() == 2:  # transparent attention: N_dec x (N + 1) logits
+        transparent = TransparentAttention(weight.size(1), weight.size(0))
+        transparent.weight.data.copy_(weight)
+        return transparent.combination_weights().tolist(), 0
     norms = block_norms(weight)
     args = state.get("args") or state["cfg"]["model"]
     with_embedding = bool(getattr(args, "bridge_include_embedding", None)
@@ -50,7 +58,8 @@ def plot(panels, out):
         ax.set_ylabel("decoder layer")
         ax.set_xticks(range(len(norms[0])), [str(first + k) for k in range(len(norms[0]))])
         ax.set_yticks(range(len(norms)), [str(i + 1) for i in range(len(norms))])
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="block norm")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04,
+                     label="block norm (fc) / weight (transparent)")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -204,3 +204,25 @@ def test_train_and_generate_with_the_real_clis(scan_bin, arch):
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "60")
     assert sum(line.startswith("H-") for line in out.splitlines()) == 200
+
+
+def test_plot_bridge_shows_the_transparent_weights(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    from helpers import REPO, SCRIPTS
+
+    ckpt = os.path.join(REPO, "tests", "fixtures", "transparent_transformer", "checkpoint.pt")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "plot_bridge.py"), ckpt,
+                           "--titles", "t", "--out", str(tmp_path / "b.png"), "--json",
+                           str(tmp_path / "b.json")], capture_output=True, text=True,
+                          env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    panel = json.loads((tmp_path / "b.json").read_text())["t"]
+    logits = torch.load(ckpt, map_location="cpu", weights_only=False)["model"][
+        "encoder.bridge.weight"]
+    assert panel["first_encoder_layer"] == 0
+    assert torch.allclose(torch.tensor(panel["norms"]), torch.softmax(logits, -1), atol=1e-6)

@@ -77,18 +77,25 @@ class ArEncDecDecoder(CausalLMDecoder):
         memories = project_memories(self.layers, encoder_out, projection)
         for layer, memory_kv in zip(self.layers, memories):
             x = layer(x, memory_kv, incremental_state=incremental_state)
-        x = self.final_layer_norm(x)
-        if self.pos_embed_subtraction != "none":
-            x = x - next_positions
-            if self.pos_subtraction_layer_norm is not None:
-                x = self.pos_subtraction_layer_norm(x)
+        x = self.head(x, positions)
 
         extra = {"attn": [None], "encoder_out": encoder_out.transpose(0, 1)}
         if self.training and self.embedding_loss_norms is not None:
             embedding_loss_contract.attach(
                 extra, self.embedding_loss_norms["embeddings"](embedded),
                 self.embedding_loss_norms["encoder_out"](encoder_out.detach().transpose(0, 1)))
-        return x.transpose(0, 1), extra
+        return x, extra
+
+    def head(self, x, positions):
+        """What follows the last decoder block: the final LayerNorm and, with
+        ``--pos-embed-subtraction``, the next position's embedding taken off (and normalised):
+        x (T x B x C) -> features B x T x C."""
+        x = self.final_layer_norm(x)
+        if self.pos_embed_subtraction != "none":
+            x = x - self.embed_positions(positions + 1)[:, None]
+            if self.pos_subtraction_layer_norm is not None:
+                x = self.pos_subtraction_layer_norm(x)
+        return x.transpose(0, 1)
 
 
 @register_model(MODEL_NAME)

@@ -28,7 +28,11 @@ class GPTBaselineDecoder(CausalLMDecoder):
         x = self.dropout(self.embed(prev_output_tokens, positions)).transpose(0, 1)
         for layer in self.layers:
             x = layer(x, incremental_state=incremental_state)
-        return self.final_layer_norm(x).transpose(0, 1), {"attn": [None]}
+        return self.head(x, positions), {"attn": [None]}
+
+    def head(self, x, positions):
+        """What follows the last block: x (T x B x C) -> features B x T x C."""
+        return self.final_layer_norm(x).transpose(0, 1)
 
 
 @register_model(MODEL_NAME)

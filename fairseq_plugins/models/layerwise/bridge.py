@@ -73,7 +73,8 @@ class BridgeOptions:
 
 def validate(args):
     if not enabled(args):
-        if args.bridge_init is not None or args.bridge_include_embedding is not None:
+        # (False is what checkpoints written before transparent attention stored by default)
+        if args.bridge_init is not None or args.bridge_include_embedding:
             raise ValueError("--bridge-init/--bridge-include-embedding were given but --bridge is "
                              f"{args.bridge!r}; add --bridge fc")
         return

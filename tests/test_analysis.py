@@ -1,0 +1,229 @@
+"""The layer analysis (fairseq_plugins/analysis, scripts/analyze_layers.py)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import cli_env, train
+from helpers import (REPO, SCRIPTS, build_language_model, build_translation_model,
+                     make_dict, random_batch)
+
+from fairseq_plugins.analysis.cka import CKAAccumulator, all_pairs, linear_cka
+from fairseq_plugins.analysis.layers import LayerAnalysis, decoder_head, entropy
+from fairseq_plugins.analysis.updates import UpdateRecorder, check_complete
+
+
+def _features(n, d, seed):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_cka_of_a_representation_with_itself_is_one():
+    x = _features(200, 16, 0)
+    assert linear_cka(x, x) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_cka_is_invariant_to_orthogonal_transforms_and_isotropic_scaling():
+    x, y = _features(300, 12, 1), _features(300, 8, 2)
+    y = y + x[:, :8] * 0.7  # related, so the value is neither 0 nor 1
+    q, _ = torch.linalg.qr(_features(12, 12, 3))
+    base = linear_cka(x, y)
+    assert 0.1 < base < 0.9
+    assert linear_cka(x @ q, y) == pytest.approx(base, abs=1e-10)
+    assert linear_cka(3.5 * x, 0.2 * y) == pytest.approx(base, abs=1e-10)
+    assert linear_cka(x + 5.0, y - 2.0) == pytest.approx(base, abs=1e-10)  # centred
+    # a non-isotropic scaling is not an invariance: the test can tell
+    assert abs(linear_cka(x * torch.linspace(0.1, 10, 12, dtype=torch.float64), y) - base) > 1e-3
+
+
+def test_cka_of_independent_features_is_near_zero_for_many_items():
+    small = linear_cka(_features(50, 10, 4), _features(50, 10, 5))
+    large = linear_cka(_features(20000, 10, 4), _features(20000, 10, 5))
+    assert large < 0.01 and large < small
+
+
+def test_streamed_sums_equal_one_pass():
+    xs = {f"l{i}": _features(240, 6 + i, 10 + i) for i in range(3)}
+    xs["l2"][:, :6] += xs["l0"]
+    pairs = all_pairs(sorted(xs))
+    whole = CKAAccumulator(pairs)
+    whole.add(xs)
+    streamed = CKAAccumulator(pairs)
+    for start in range(0, 240, 70):
+        streamed.add({k: v[start:start + 70] for k, v in xs.items()})
+    a, b = whole.cka(), streamed.cka()
+    assert set(a) == set(pairs) and all(a[p] == pytest.approx(b[p], abs=1e-12) for p in pairs)
+    assert a[("l0", "l0")] == pytest.approx(1.0) and a[("l0", "l2")] > a[("l0", "l1")]
+
+
+# ---- the decomposition, the logit lens and the entropies on real models ----------------------
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+SEQ2SEQ = {
+    "transformer post-norm": ("transformer_tiny", []),
+    "transformer pre-norm": ("transformer_tiny", PRE_NORM),
+    "fusion pre-norm": ("fusion_transformer_tiny", PRE_NORM),
+    "dwa": ("dwa_transformer_tiny", []),
+    "bridge": ("bridge_transformer_tiny", ["--bridge-init", "random"]),
+    "transparent": ("transparent_transformer_tiny", PRE_NORM),
+    "swapped": ("swapped_transformer_tiny", []),
+    "opus-mt": ("opus_mt_de_en", ["--encoder-layers", "2", "--decoder-layers", "2",
+                                  "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+                                  "--encoder-ffn-embed-dim", "32",
+                                  "--decoder-ffn-embed-dim", "32"]),
+}
+LMS = {"gpt_baseline_lm": ["--embed-dim", "32", "--layers", "2", "--attention-heads", "2"],
+       "ar_encdec_lm": ["--embed-dim", "32", "--layers", "2", "--attention-heads", "2",
+                        "--cross-attention-heads", "2", "--pos-embed-subtraction", "yes_ln"]}
+
+
+def _randomise_constant_inits(model, seed=3):
+    """DWA weights, transparent logits and Marian's output bias start as constants: draw them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("depth_average.weight", "bridge.weight")):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        bias = getattr(model.decoder, "final_logits_bias", None)
+        if bias is not None:
+            bias.copy_(torch.randn(bias.shape, generator=g))
+
+
+def _seq2seq(family):
+    arch, flags = SEQ2SEQ[family]
+    shared = make_dict(20, "w") if arch.startswith("opus") else None  # opus-mt: one vocabulary
+    model, task, _ = build_translation_model(arch, flags, shared, shared, seed=1)
+    _randomise_constant_inits(model)
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, tgt_len=7)
+    return model, task, src, lengths, prev
+
+
+def test_uniform_attention_has_entropy_log_s():
+    for s in (1, 5, 13):
+        assert entropy(torch.full((3, s), 1.0 / s)).tolist() == pytest.approx([math.log(s)] * 3)
+    assert entropy(torch.tensor([0.0, 1.0, 0.0])).item() == 0.0  # 0 log 0 = 0, one-hot: 0
+
+
+@pytest.mark.parametrize("family", sorted(SEQ2SEQ))
+def test_sublayer_updates_reproduce_each_layer_output(family):
+    model, _, src, lengths, prev = _seq2seq(family)
+    with torch.no_grad():
+        with UpdateRecorder(model.encoder.layers) as enc:
+            encoder_out = model.encoder(src, src_lengths=lengths)
+        with UpdateRecorder(model.decoder.layers) as dec:
+            model.decoder(prev, encoder_out=encoder_out)
+    for recorder, n in ((enc, len(model.encoder.layers)), (dec, len(model.decoder.layers))):
+        assert len(recorder.outputs) == n and check_complete(recorder, atol=1e-5) < 1e-5
+    labels = set(dec.terms[0])
+    assert {"self-attention", "cross-attention", "FFN"} <= labels
+    post_norm = not model.decoder.layers[0].normalize_before
+    assert any("LayerNorm" in t for t in labels) == post_norm
+    assert ("depth average" in labels) == (family == "dwa")
+    # a missing term is caught: the check can fail
+    dropped = next(t for t in labels if t != "self-attention")
+    del dec.terms[0][dropped]
+    with pytest.raises(AssertionError, match="miss"):
+        check_complete(dec)
+
+
+@pytest.mark.parametrize("arch", sorted(LMS))
+def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch):
+    model, task, _ = build_language_model(arch, LMS[arch], seed=1)
+    model.eval()
+    tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
+                           generator=torch.Generator().manual_seed(0))
+    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    analysis = LayerAnalysis(model, task.dictionary.pad())
+    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})  # checks the lens
+    result = analysis.result()
+    assert result["update_decomposition_max_error"] < 1e-5
+    assert len(result["logit_lens"]["accuracy"]) == len(model.decoder.layers) + 1
+    assert set(result["updates"]["decoder"]["1"]) >= {"self-attention", "FFN"}
+
+
+@pytest.mark.parametrize("family", sorted(SEQ2SEQ))
+def test_last_layer_logit_lens_is_the_model_output(family):
+    model, _, src, lengths, prev = _seq2seq(family)
+    with torch.no_grad():
+        logits, extra = model(src, lengths, prev)
+        lens = decoder_head(model.decoder, extra["inner_states"][-1])
+    assert torch.allclose(lens, logits, atol=1e-6)
+    # and an earlier layer's is not (the lens really reads the layer it is given)
+    assert not torch.allclose(decoder_head(model.decoder, extra["inner_states"][-2]), logits,
+                              atol=1e-3)
+
+
+def test_analysis_result_on_a_batch():
+    model, task, src, lengths, prev = _seq2seq("transparent")
+    target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.eos())],
+                       dim=1)
+    analysis = LayerAnalysis(model, task.target_dictionary.pad())
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths,
+                            "prev_output_tokens": prev}, "target": target}
+    analysis.add(sample)
+    analysis.add(sample)
+    r = analysis.result()
+    n_enc, n_dec = len(model.encoder.layers) + 1, len(model.decoder.layers) + 1
+    assert len(r["cka"]["encoder"]) == n_enc and len(r["cka"]["encoder_decoder"][0]) == n_dec
+    assert all(r["cka"]["decoder"][i][i] == pytest.approx(1.0) for i in range(n_dec))
+    heads = model.decoder.layers[0].encoder_attn.num_heads
+    per_head = r["cross_attention_entropy"]["per_layer_and_head"]
+    assert len(per_head) == n_dec - 1 and all(len(h) == heads for h in per_head.values())
+    # entropies are at most log S of each sentence, whose mean is reported as "uniform"
+    assert all(0 <= e <= r["cross_attention_entropy"]["uniform_mean"] + 1e-6
+               for h in per_head.values() for e in h)
+    weights = r["layer_weights"]["bridge"]["weights"]
+    assert len(weights) == n_dec - 1 and all(sum(w) == pytest.approx(1.0) for w in weights)
+
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(FIXTURES)))
+def test_analysis_runs_on_every_stored_fixture(name):
+    from fairseq import checkpoint_utils
+
+    d = os.path.join(FIXTURES, name)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [os.path.join(d, "checkpoint.pt")], arg_overrides={"data": d})
+    model = models[0].eval()
+    expected = torch.load(os.path.join(d, "expected.pt"))
+    if "tokens" in expected:
+        tokens = expected["tokens"]
+        sample = {"net_input": {"src_tokens": tokens},
+                  "target": torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)}
+    else:
+        prev = expected["prev_output_tokens"]
+        sample = {"net_input": {"src_tokens": expected["src_tokens"],
+                                "src_lengths": expected["src_lengths"],
+                                "prev_output_tokens": prev},
+                  "target": torch.cat([prev[:, 1:], prev[:, :1]], dim=1)}
+    analysis = LayerAnalysis(model, task.target_dictionary.pad())
+    analysis.add(sample)
+    result = analysis.result()
+    assert result["update_decomposition_max_error"] < 1e-4
+    json.dumps(result)  # JSON-ready
+
+
+def test_command_line_on_plain_fairseq_and_package_checkpoints(scan_bin, tmp_path):
+    plain = train(scan_bin, "transformer_tiny", updates=10, name="analysis-plain")
+    dwa = train(scan_bin, "dwa_transformer_tiny", updates=10, name="analysis-dwa")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"), plain,
+                           "--compare", dwa, "--data", scan_bin / "bin", "--subset", "valid",
+                           "--max-sentences", "150", "--batch-size", "64", "--labels",
+                           "transformer,dwa", "--out-dir", tmp_path],
+                          capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "analysis.json").read_text())
+    plain_r, dwa_r = report["analyses"]["transformer"], report["analyses"]["dwa"]
+    assert plain_r["sentences"] == dwa_r["sentences"] == 150
+    assert plain_r["target_tokens"] == dwa_r["target_tokens"] > 150  # the same sentences
+    assert "depth_averages" in dwa_r["layer_weights"] and not plain_r["layer_weights"]
+    assert report["peak_memory_mb"] > 0
+    assert (tmp_path / "analysis.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"),
+                          tmp_path / "missing.pt", "--data", scan_bin / "bin"],
+                         capture_output=True, text=True, env=cli_env())
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
