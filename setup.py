@@ -10,7 +10,8 @@ setup(
     version="0.1.0",
     description="fairseq --user-dir plugins: layer-wise fusion, encoder-decoder bridges, "
                 "autoregressive encoder-decoder LMs, swapped-role cross-attention",
-    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*", "layerlab"]),
+    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*", "layerlab",
+                                    "layerlab.*"]),
     python_requires=">=3.8",
     install_requires=[
         "torch",

@@ -37,6 +37,8 @@ def _heatmap(ax, matrix, title, xlabel, ylabel):
     if not matrix:
         return _blank(ax, title)
     image = ax.imshow(matrix, vmin=0, vmax=1, cmap="magma", origin="lower")
+    ax.set_xticks(range(len(matrix[0])))
+    ax.set_yticks(range(len(matrix)))
     ax.set_title(title, fontsize=8)
     ax.set_xlabel(xlabel, fontsize=7)
     ax.set_ylabel(ylabel, fontsize=7)
@@ -46,6 +48,7 @@ def _heatmap(ax, matrix, title, xlabel, ylabel):
 def _lens(ax, lens, label):
     layers = lens["layers"]
     ax.plot(layers, lens["accuracy"], "o-", label="accuracy %")
+    ax.set_xticks(layers)
     ax.set_xlabel("decoder layer (0: its input)", fontsize=7)
     ax.set_ylabel("next-token accuracy %", fontsize=7)
     twin = ax.twinx()
@@ -62,6 +65,7 @@ def _updates(ax, updates, label):
     for t in terms:
         ax.plot([int(i) for i in layers], [updates[i].get(t, float("nan")) for i in layers],
                 "o-", label=t)
+    ax.set_xticks([int(i) for i in layers])
     ax.set_xlabel("decoder layer", fontsize=7)
     ax.set_ylabel("||update|| / ||layer input||", fontsize=7)
     ax.legend(fontsize=6)
@@ -78,6 +82,7 @@ def _entropy(ax, entropy, label):
     ax.plot([int(i) for i in layers], [sum(per[i]) / len(per[i]) for i in layers], "-",
             color="C0", label="mean over heads")
     ax.axhline(entropy["uniform_mean"], color="gray", linestyle=":", label="uniform (log S)")
+    ax.set_xticks([int(i) for i in layers])
     ax.set_xlabel("decoder layer", fontsize=7)
     ax.set_ylabel("entropy over source (nats)", fontsize=7)
     ax.legend(fontsize=6)
