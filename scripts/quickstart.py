@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Quickstart: SCAN -> train fairseq's transformer and every seq2seq architecture of this
-package under one small budget -> exact match with fairseq-generate -> markdown table + JSON.
+package under one small budget -> exact match with fairseq-generate -> markdown table + JSON ->
+the layer analysis of the trained models (scripts/analyze_layers.py).
 
 Everything runs through the real CLIs (fairseq-preprocess, fairseq-train --user-dir,
 fairseq-generate --user-dir). The architectures are discovered from the registry: every ``*_tiny``
-preset of this package's encoder-decoder models, plus fairseq's ``transformer_tiny`` baseline.
+preset of this package's encoder-decoder models (but ``layerwise_transformer_tiny``, which is
+fairseq's ``transformer_tiny`` with every switch off), plus ``transformer_tiny`` itself.
 """
 import argparse
 import json
@@ -29,7 +31,7 @@ def seq2seq_tiny_archs():
     ours = sorted(
         name for name, cls in ARCH_MODEL_REGISTRY.items()
         if name.endswith("_tiny") and cls.__module__.split(".")[0] == "fairseq_plugins"
-        and issubclass(cls, FairseqEncoderDecoderModel)
+        and issubclass(cls, FairseqEncoderDecoderModel) and name != "layerwise_transformer_tiny"
     )
     return ["transformer_tiny"] + ours
 
@@ -72,14 +74,14 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     data = os.path.join("data-bin", f"scan-{args.split}")
-    print(f"[1/3] SCAN {args.split} -> {data}", flush=True)
+    print(f"[1/4] SCAN {args.split} -> {data}", flush=True)
     subprocess.run([sys.executable, paths.script("prepare", "scan.py"), "--split", args.split],
                    check=True)
     archs = args.archs.split(",") if args.archs else seq2seq_tiny_archs()
     os.makedirs(args.out_dir, exist_ok=True)
     rows = []
     for i, arch in enumerate(archs, 1):
-        print(f"[2/3] ({i}/{len(archs)}) {arch}: training {args.max_update} updates, "
+        print(f"[2/4] ({i}/{len(archs)}) {arch}: training {args.max_update} updates, "
               "then beam-5 generation on test ...", flush=True)
         try:
             rows.append(train_and_evaluate(arch, data, args.out_dir, args))
@@ -97,10 +99,22 @@ def main(argv=None):
                    "results": rows}, f, indent=2)
     with open(md_path, "w") as f:
         f.write(table + "\n")
-    print("[3/3] results\n")
+    print("[3/4] results\n")
     print(table)
-    print(f"\ntable: {md_path}\njson: {json_path}\nruns (checkpoints, logs, generations): "
-          f"{args.out_dir}/<arch>/")
+    print(f"\n[4/4] what each model's layers hold (scripts/analyze_layers.py, docs/analysis.md) ...",
+          flush=True)
+    analysis_dir = os.path.join(args.out_dir, "analysis")
+    checkpoints = [r["checkpoint"] for r in rows]
+    try:
+        runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoints[0],
+                         *(["--compare", *checkpoints[1:]] if len(checkpoints) > 1 else []),
+                         "--labels", ",".join(archs),
+                         "--data", data, "--subset", args.gen_subset, "--max-sentences", "1000",
+                         "--out-dir", analysis_dir], os.path.join(args.out_dir, "analysis.log"))
+    except runs.StepError as e:
+        raise SystemExit(f"quickstart: {e}") from None
+    print(f"\ntable: {md_path}\njson: {json_path}\nlayer analysis: {analysis_dir}/analysis.png"
+          f"\nruns (checkpoints, logs, generations): {args.out_dir}/<arch>/")
     return 0
 
 

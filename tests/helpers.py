@@ -18,6 +18,30 @@ SCRIPTS = os.path.join(REPO, "scripts")
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
 
+def assert_starts_as(model, base, task):
+    """Load fairseq model ``base``'s state dict strictly into ``model`` and check that both give
+    identical outputs on a random batch; return a function giving the largest difference now
+    (to show, after a change, that the new part is really in the path)."""
+    model.load_state_dict(base.state_dict(), strict=True)
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    base.eval(), model.eval()
+    expected = base(src, lengths, prev)[0]
+    assert torch.equal(model(src, lengths, prev)[0], expected)
+    return lambda: (model(src, lengths, prev)[0] - expected).abs().max()
+
+
+def calls_in_one_beam_search(model, task, module):
+    """How often ``module`` runs in one beam search (beam 3) over a batch of 2; and the batch."""
+    model.eval()
+    calls = []
+    handle = module.register_forward_hook(lambda *a: calls.append(1))
+    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=2)
+    with torch.no_grad():
+        beam_search(model, task, src, lengths, beam=3, max_len_b=10)
+    handle.remove()
+    return len(calls), src, lengths
+
+
 def random_batch(src_dict, tgt_dict, bsz=3, src_len=7, tgt_len=6, seed=0, pad_last=True):
     """A translation batch with source left-padding like fairseq's default collater."""
     g = torch.Generator().manual_seed(seed)

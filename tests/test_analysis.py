@@ -227,3 +227,19 @@ def test_command_line_on_plain_fairseq_and_package_checkpoints(scan_bin, tmp_pat
                           tmp_path / "missing.pt", "--data", scan_bin / "bin"],
                          capture_output=True, text=True, env=cli_env())
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+
+
+def test_fuse_attention_depth_weights_are_reported():
+    model, task, src, lengths, prev = _seq2seq("fusion pre-norm")
+    target = torch.cat([prev[:, 1:], torch.full_like(prev[:, :1], task.target_dictionary.eos())],
+                       dim=1)
+    analysis = LayerAnalysis(model, task.target_dictionary.pad())
+    analysis.add({"net_input": {"src_tokens": src, "src_lengths": lengths,
+                                "prev_output_tokens": prev}, "target": target})
+    fused = analysis.result()["layer_weights"]["fuse_attention"]
+    for side in ("encoder", "decoder"):
+        weights = fused[side]
+        assert sorted(weights) == ["1", "2"]  # both layers of the tiny stacks fuse
+        # layer i attends over h_0 .. h_{i-1}: i states, a distribution over them
+        assert [len(weights[i]) for i in ("1", "2")] == [1, 2]
+        assert all(sum(w) == pytest.approx(1.0, abs=1e-5) for w in weights.values())

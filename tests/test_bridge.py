@@ -1,8 +1,9 @@
 import pytest
 import torch
 from conftest import run_cli, train
-from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, beam_search,
-                     build_translation_model, incremental_decode, random_batch)
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, assert_starts_as,
+                     build_translation_model, calls_in_one_beam_search, incremental_decode,
+                     random_batch)
 
 from fairseq_plugins.modules.layer_bridge import LayerBridge
 
@@ -24,14 +25,10 @@ def test_original_init_equals_transformer(extra):
     bridged, _, _ = build_translation_model("bridge_transformer_tiny", extra,
                                             task.source_dictionary, task.target_dictionary)
     # a fairseq checkpoint without a bridge loads strictly; the bridge gets its original init
-    bridged.load_state_dict(base.state_dict(), strict=True)
-    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
-    base.eval(), bridged.eval()
-    expected = base(src, lengths, prev)[0]
-    assert torch.equal(bridged(src, lengths, prev)[0], expected)
+    difference = assert_starts_as(bridged, base, task)
     with torch.no_grad():  # and the bridge is really in the path
         bridged.encoder.bridge.weight.add_(0.01)
-    assert (bridged(src, lengths, prev)[0] - expected).abs().max() > 1e-4
+    assert difference() > 1e-4
 
 
 def test_gca_init_is_anti_diagonal():
@@ -91,13 +88,8 @@ def test_beam_search_batch_equals_one_by_one(extra):
 
 def test_bridge_runs_once_per_source_and_reorder_copies_no_memory():
     model, task, _ = build_translation_model("bridge_transformer_tiny", ["--bridge-init", "random"])
-    model.eval()
-    calls = []
-    model.encoder.bridge.register_forward_hook(lambda *a: calls.append(1))
-    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=2)
-    with torch.no_grad():
-        beam_search(model, task, src, lengths, beam=3, max_len_b=10)
-    assert len(calls) == 1
+    calls, src, lengths = calls_in_one_beam_search(model, task, model.encoder.bridge)
+    assert calls == 1
     enc = model.encoder(src, src_lengths=lengths)
     reordered = model.encoder.reorder_encoder_out(enc, torch.tensor([1, 1, 0]))
     assert reordered["bridge_memories"][0] is enc["bridge_memories"][0]

@@ -4,8 +4,9 @@ incremental decoding, beam search, the real CLIs, and build-time errors."""
 import pytest
 import torch
 from conftest import run_cli, train
-from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, beam_search,
-                     build_translation_model, incremental_decode, random_batch)
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, assert_starts_as,
+                     build_translation_model, calls_in_one_beam_search, incremental_decode,
+                     random_batch)
 
 from fairseq_plugins.modules.depth_weighted_average import (DepthWeightedAverage, dwa_inputs,
                                                              has_dwa)
@@ -54,13 +55,9 @@ def test_dwa_starts_as_the_transformer_exactly(stacks, extra):
                                           stacks + ["--fusion-kind", "dwa"] + extra,
                                           task.source_dictionary, task.target_dictionary)
     # a transformer checkpoint loads strictly: the DWA weights get their initialisation
-    dense.load_state_dict(base.state_dict(), strict=True)
-    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
-    base.eval(), dense.eval()
-    expected = base(src, lengths, prev)[0]
-    assert torch.equal(dense(src, lengths, prev)[0], expected)
+    difference = assert_starts_as(dense, base, task)
     _randomise_dwa(dense)  # and the averages are really in the path
-    assert (dense(src, lengths, prev)[0] - expected).abs().max() > 1e-4
+    assert difference() > 1e-4
 
 
 @pytest.mark.parametrize("dilation,period", [(1, 1), (2, 1), (1, 2), (2, 3)])
@@ -153,13 +150,7 @@ def test_transparent_memories_are_softmax_weighted_encoder_states():
 def test_transparent_memories_are_computed_once_per_source():
     model, task, _ = build_translation_model("layerwise_transformer_tiny",
                                              ["--bridge", "transparent"])
-    model.eval()
-    calls = []
-    model.encoder.bridge.register_forward_hook(lambda *a: calls.append(1))
-    src, lengths, _ = random_batch(task.source_dictionary, task.target_dictionary, bsz=2)
-    with torch.no_grad():
-        beam_search(model, task, src, lengths, beam=3, max_len_b=10)
-    assert len(calls) == 1
+    assert calls_in_one_beam_search(model, task, model.encoder.bridge)[0] == 1
 
 
 @pytest.mark.parametrize("extra,message", [

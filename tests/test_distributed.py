@@ -1,5 +1,5 @@
 """fairseq's own distributed training on CPU (2 processes, gloo, legacy DDP: the flags of
-shared/FAIRSEQ_NOTES.md) gives the parameters of 1 process with --update-freq 2, and a
+docs/scale.md) gives the parameters of 1 process with --update-freq 2, and a
 2-process run resumes from its checkpoint (the loaded state is broadcast with torch.save /
 torch.load, which the compatibility layer's allow-list must cover)."""
 import os

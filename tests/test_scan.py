@@ -119,3 +119,58 @@ def test_failed_binarization_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(prepare_scan.common.PrepareError, match="fairseq-preprocess failed"):
         prepare_scan.binarize(str(text_dir), str(dest))
     assert not dest.exists() and os.listdir(tmp_path / "bin") == []
+
+
+def _write_release(root, seed=7):
+    """Files in the layout of the SCAN release (github.com/brendenlake/SCAN), from splits made
+    here; ``simple`` with another seed, as the release's random split differs from ours."""
+    folders = {"simple": "simple_split", "length": "length_split",
+               "addprim_jump": "add_prim_split", "addprim_turn_left": "add_prim_split"}
+    for split, folder in folders.items():
+        os.makedirs(root / folder, exist_ok=True)
+        train, test = prepare_scan.make_split(split, seed)
+        for subset, pairs in (("train", train), ("test", test)):
+            (root / folder / f"tasks_{subset}_{split}.txt").write_text(
+                "".join(f"IN: {c} OUT: {' '.join(a)}\n" for c, a in pairs))
+    return prepare_scan.make_split("simple", seed)
+
+
+def test_release_files_are_used_with_from(tmp_path):
+    release = tmp_path / "SCAN"
+    train, test = _write_release(release)
+    proc = _run(["--split", "simple,addprim_turn_left", "--from", str(release), "--no-binarize",
+                 "--out-dir", str(tmp_path / "scan")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    d = tmp_path / "scan" / "simple"
+    assert (d / "train.in").read_text().splitlines() == [c for c, _ in train]
+    assert (d / "test.out").read_text().splitlines() == [" ".join(a) for _, a in test]
+    generated, _ = prepare_scan.make_split("simple", 1)
+    assert [c for c, _ in generated] != [c for c, _ in train]  # not the generated split
+    assert len((tmp_path / "scan" / "addprim_turn_left" / "test.in").read_text().splitlines()) \
+        == 1208
+    # the same options again: nothing to do; other options on that output: an error
+    again = _run(["--split", "simple", "--from", str(release), "--no-binarize", "--out-dir",
+                  str(tmp_path / "scan")], tmp_path)
+    assert again.returncode == 0 and "already prepared" in again.stdout
+    other = _run(["--split", "simple", "--no-binarize", "--out-dir", str(tmp_path / "scan")],
+                 tmp_path)
+    assert other.returncode == 2 and "--force" in other.stderr
+
+
+def test_release_files_are_checked(tmp_path):
+    release = tmp_path / "SCAN"
+    _write_release(release)
+    test_file = release / "length_split" / "tasks_test_length.txt"
+    test_file.write_text("".join(test_file.read_text().splitlines(keepends=True)[:-5]))
+    proc = _run(["--split", "length", "--from", str(release), "--no-binarize", "--out-dir",
+                 str(tmp_path / "scan")], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "tasks_test_length.txt: 3915 lines, the release has 3920" in proc.stderr
+    missing = _run(["--split", "addprim_jump", "--from", str(tmp_path / "nowhere"),
+                    "--no-binarize", "--out-dir", str(tmp_path / "scan")], tmp_path)
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
+    (release / "add_prim_split" / "tasks_train_addprim_jump.txt").unlink()
+    gone = _run(["--split", "addprim_jump", "--from", str(release), "--no-binarize",
+                 "--out-dir", str(tmp_path / "scan")], tmp_path)
+    assert gone.returncode == 2 and "tasks_train_addprim_jump.txt: not found" in gone.stderr
+    assert not (tmp_path / "scan" / "length").exists()

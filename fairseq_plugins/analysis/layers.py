@@ -15,7 +15,8 @@ by batch, accumulates
 - ``cross_attention_entropy``: per decoder layer and head, the entropy (nats) of the attention
   over the source positions, mean over real target tokens, next to log S (uniform attention);
 - ``layer_weights``: what the model learned about its layers: the bridge's per-decoder-layer
-  weights over the encoder layers, the depth-weighted averages, the fuse-attention weights.
+  weights over the encoder layers, the depth-weighted averages, and the fuse-attention weights
+  over the lower layers (mean over heads and real tokens).
 
 :meth:`LayerAnalysis.result` returns a JSON-ready dict. Memory is bounded by the CKA sums
 (:mod:`.cka`) and one batch's activations.
@@ -95,6 +96,8 @@ class LayerAnalysis:
         self.entropy_sums: Dict[int, Tensor] = {}
         self.log_source_length = 0.0
         self.decomposition_error = 0.0
+        self.fusion_sums: Dict[str, Dict[int, Tensor]] = {"encoder": {}, "decoder": {}}
+        self.fusion_tokens = {"encoder": 0, "decoder": 0}
         if self.seq2seq:
             self.num_encoder_states = len(model.encoder.layers) + 1
             enc = [f"encoder.{j}" for j in range(self.num_encoder_states)]
@@ -118,6 +121,9 @@ class LayerAnalysis:
         cross = {i: layer.encoder_attn for i, layer in enumerate(model.decoder.layers)
                  if type(getattr(layer, "encoder_attn", None)).__name__ == "MultiheadAttention"}
         attention = _AttentionWeights(cross)
+        fused = hasattr(model, "record_fusion_weights")
+        if fused:
+            model.record_fusion_weights(True)
         try:
             with UpdateRecorder(model.encoder.layers) as enc_updates:
                 encoder_out = model.encoder(src, src_lengths=net["src_lengths"],
@@ -126,6 +132,9 @@ class LayerAnalysis:
                 logits, extra = model.decoder(prev, encoder_out=encoder_out)
         finally:
             attention.remove()
+            if fused:
+                fusion = model.fusion_weights()
+                model.record_fusion_weights(False)
         enc_states = encoder_out["encoder_states"]  # [h_0 .. h_N], S x B x C
         dec_states = extra["inner_states"]  # [g_0 .. g_M], T x B x C
         src_mask = src.ne(self.pad).t()  # S x B
@@ -138,6 +147,8 @@ class LayerAnalysis:
         self._updates("encoder", enc_updates, src_mask)
         self._updates("decoder", dec_updates, tgt_mask)
         self._entropies(attention.weights, src_mask, tgt_mask)
+        if fused:
+            self._fusion(fusion, {"encoder": src_mask.t(), "decoder": tgt_mask.t()})
         self.sentences += src.size(0)
 
     def _add_lm(self, net, target):
@@ -191,6 +202,16 @@ class LayerAnalysis:
         self.update_batches[side].append(relative_norms(recorder, mask))
         self.update_weights[side].append(int(mask.sum()))
 
+    def _fusion(self, weights: Dict[str, Dict[int, Tensor]], masks: Dict[str, Tensor]):
+        for side, layers in weights.items():
+            keep = masks[side]  # B x T
+            for i, w in layers.items():  # B x H x T x L
+                total = w.float().mean(1)[keep].sum(0)  # L
+                sums = self.fusion_sums[side]
+                sums[i] = total if i not in sums else sums[i] + total
+            if layers:
+                self.fusion_tokens[side] += int(keep.sum())
+
     def _entropies(self, weights: Dict[int, Tensor], src_mask: Tensor, tgt_mask: Tensor):
         keep = tgt_mask.t()  # B x T
         for i, w in weights.items():  # H x B x T x S
@@ -228,6 +249,11 @@ class LayerAnalysis:
                                        for i, v in sorted(self.entropy_sums.items())},
                 "uniform_mean": self.log_source_length / self.tokens}
         out["layer_weights"] = layer_weights(self.model)
+        for side, sums in self.fusion_sums.items():
+            if sums:  # L states: the embedding output first (when fused), the layer's input last
+                out["layer_weights"].setdefault("fuse_attention", {})[side] = {
+                    str(i + 1): (v / self.fusion_tokens[side]).tolist()
+                    for i, v in sorted(sums.items())}
         return out
 
 

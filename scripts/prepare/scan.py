@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Generate SCAN (Lake & Baroni, 2018) from its grammar and binarise it for fairseq.
+"""SCAN (Lake & Baroni, 2018) for fairseq: generated from its grammar (default, offline) or read
+from the original release (``--from DIR``), then binarised.
 
-No download: the complete command set (20,910 command/action pairs) is produced from the
-phrase-structure grammar and interpretation rules of the paper, then split as the original
-release does:
+By default nothing is downloaded: the complete command set (20,910 command/action pairs) is
+produced from the phrase-structure grammar and interpretation rules of the paper, then split as
+the original release does:
 
   simple             seeded random 80/20                        16,728 / 4,182
   length             train: action length <= 22, test: >= 24    16,990 / 3,920
@@ -11,6 +12,14 @@ release does:
                      train: the rest plus "jump" repeated n/9 times (10% of train)
                                                                 14,670 / 7,706
   addprim_turn_left  the same for "turn left"                   21,890 / 1,208
+
+The generated ``length`` and ``addprim_*`` splits follow deterministic rules and hold the same
+pairs as the release; ``simple`` is a random split, so its generated version is *a* random
+80/20 split, not the release's. To compare with published numbers, use the release's files:
+``--from DIR`` reads them from a checkout of github.com/brendenlake/SCAN (its layout:
+``simple_split/tasks_{train,test}_simple.txt``, ``length_split/tasks_{train,test}_length.txt``,
+``add_prim_split/tasks_{train,test}_addprim_{jump,turn_left}.txt``), checked against the
+published sizes; nothing else changes.
 
 Outputs per split, under ``--out-dir`` (default ``data/scan``):
   <split>/tasks_train.txt, tasks_test.txt    SCAN's own ``IN: ... OUT: ...`` lines
@@ -124,6 +133,33 @@ def write_split_text(directory, train, test, valid_size, seed):
                            [" ".join(a) for _, a in data])
 
 
+# where each split's files are in the release (the README links the length split under
+# simple_split/, the repository keeps it in length_split/: both are looked for)
+RELEASE_FOLDERS = {"simple": ("simple_split",), "length": ("length_split", "simple_split"),
+                   "addprim_jump": ("add_prim_split",), "addprim_turn_left": ("add_prim_split",)}
+
+
+def read_release(split, from_dir):
+    """(train, test) lists of (command, actions) from the release's files of ``split``."""
+    pairs = {}
+    for subset in ("train", "test"):
+        name = f"tasks_{subset}_{split}.txt"
+        candidates = [os.path.join(from_dir, folder, name) for folder in RELEASE_FOLDERS[split]]
+        path = next((c for c in candidates if os.path.isfile(c)), None)
+        if path is None:
+            raise common.PrepareError(f"{candidates[0]}: not found (--from {from_dir}: a checkout "
+                                      "of the SCAN release)")
+        expected = PUBLISHED_SIZES[split][subset == "test"]
+        rows = []
+        for i, line in enumerate(common.read_lines(path, expected=expected), 1):
+            if not line.startswith("IN: ") or " OUT: " not in line:
+                raise common.PrepareError(f"{path}:{i}: expected 'IN: <command> OUT: <actions>'")
+            command, actions = line[len("IN: "):].split(" OUT: ", 1)
+            rows.append((command.strip(), actions.split()))
+        pairs[subset] = rows
+    return pairs["train"], pairs["test"]
+
+
 def binarize(text_dir, dest_dir, workers=1):
     """Run the real ``fairseq-preprocess`` on ``text_dir`` into ``dest_dir`` (atomically)."""
     common.binarize_translation(dest_dir, "in", "out", os.path.join(text_dir, "train"),
@@ -132,20 +168,25 @@ def binarize(text_dir, dest_dir, workers=1):
 
 
 def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_data=True,
-            force=False):
+            force=False, from_dir=None):
     """One split: text into ``<out_dir>/<split>``, binaries into ``dest_dir`` (default
-    ``data-bin/scan-<split>``); nothing to do when an earlier run with the same options is
-    complete, an error when it had other options (unless ``force``)."""
+    ``data-bin/scan-<split>``), generated or read from the release in ``from_dir``; nothing to
+    do when an earlier run with the same options is complete, an error when it had other
+    options (unless ``force``)."""
     final = os.path.join(out_dir, split)
     dest = dest_dir or os.path.join("data-bin", f"scan-{split}")
-    config = {"dataset": "scan", "split": split, "valid_size": valid_size, "seed": seed}
+    config = {"dataset": "scan", "split": split, "valid_size": valid_size, "seed": seed,
+              "source": "release" if from_dir else "grammar"}
     if common.already_prepared(final, dest if binarize_data else final, config, force):
         return final
-    train, test = make_split(split, seed)
-    expected = PUBLISHED_SIZES[split]
-    if (len(train), len(test)) != expected:  # pragma: no cover - guards the grammar itself
-        raise AssertionError(f"SCAN {split}: generated {len(train)}/{len(test)}, "
-                             f"published {expected}")
+    if from_dir:
+        train, test = read_release(split, from_dir)
+    else:
+        train, test = make_split(split, seed)
+        expected = PUBLISHED_SIZES[split]
+        if (len(train), len(test)) != expected:  # pragma: no cover - guards the grammar itself
+            raise AssertionError(f"SCAN {split}: generated {len(train)}/{len(test)}, "
+                                 f"published {expected}")
     with common.preparing(final, config) as (text, _):
         write_split_text(text, train, test, valid_size, seed)
     print(f"scan/{split}: train {len(train)}, valid {min(valid_size, len(train))}, "
@@ -175,6 +216,9 @@ def main(argv=None):
     p.add_argument("--valid-size", type=int, default=1000,
                    help="training examples sampled (with the seed) as the validation set")
     p.add_argument("--seed", type=int, default=1, help="seed for shuffling and the simple split")
+    p.add_argument("--from", dest="from_dir", metavar="DIR",
+                   help="read the splits from the original release (a checkout of "
+                        "github.com/brendenlake/SCAN) instead of generating them")
     p.add_argument("--no-binarize", action="store_true", help="write text only")
     p.add_argument("--force", action="store_true", help="rebuild even if the output exists")
     args = p.parse_args(argv)
@@ -186,12 +230,14 @@ def main(argv=None):
                                       f"{', '.join(SPLITS)} or all")
     if args.dest_dir and len(splits) > 1:
         raise common.PrepareError("--dest-dir takes a single --split")
+    if args.from_dir and not os.path.isdir(args.from_dir):
+        raise common.PrepareError(f"--from {args.from_dir}: no such directory")
     _check_writable(args.out_dir)
     if not args.no_binarize:
         _check_writable(args.dest_dir or "data-bin")
     for s in splits:
         prepare(s, args.out_dir, args.dest_dir, args.valid_size, args.seed, not args.no_binarize,
-                force=args.force)
+                force=args.force, from_dir=args.from_dir)
     return 0
 
 
