@@ -188,9 +188,10 @@ def test_unknown_kinds_are_rejected_naming_the_choices(flag, value, choices, cap
     assert f"argument {flag}: invalid choice: '{value}'" in err and choices in err
 
 
-@pytest.mark.parametrize("arch", ["dwa_transformer_tiny", "transparent_transformer_tiny"])
-def test_train_and_generate_with_the_real_clis(scan_bin, arch):
-    ckpt = train(scan_bin, arch, updates=15)
+def test_train_and_generate_with_the_real_clis(scan_bin):
+    # both methods in one model (one training run: CI time), each on its own path
+    ckpt = train(scan_bin, "dwa_transformer_tiny", "--bridge", "transparent", "--dwa-period", "2",
+                 updates=15, name="dwa-transparent")
     out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "60")

@@ -31,6 +31,13 @@ def has_dwa(block: int, period: int) -> bool:
     return block % period == 0
 
 
+def identity_weights(num_inputs: int) -> Tensor:
+    """alpha = (0, ..., 0, 1): the block's own output, so the stack starts as the transformer."""
+    weights = torch.zeros(num_inputs)
+    weights[-1] = 1.0
+    return weights
+
+
 class DepthWeightedAverage(nn.Module):
     """One DWA: ``weight`` holds alpha over ``inputs`` (indices into the stack's states).
 
@@ -40,13 +47,11 @@ class DepthWeightedAverage(nn.Module):
     def __init__(self, inputs: Tuple[int, ...]):
         super().__init__()
         self.inputs = tuple(inputs)
-        self.weight = nn.Parameter(torch.zeros(len(self.inputs)))
-        self.reset_parameters()
+        self.weight = nn.Parameter(identity_weights(len(self.inputs)))
 
     @torch.no_grad()
     def reset_parameters(self):
-        self.weight.zero_()
-        self.weight[-1] = 1.0  # the block's own output: the stack starts as the transformer
+        self.weight.copy_(identity_weights(len(self.inputs)))
 
     def forward(self, states: List[Tensor]) -> Tensor:
         newest = states[self.inputs[-1]]
@@ -64,9 +69,7 @@ class DepthWeightedAverage(nn.Module):
         key = f"{name}.weight" if name else "weight"
         if key not in state_dict:
             logger.info(f"{key} is not in the checkpoint: initialised as the identity")
-            initial = torch.zeros_like(self.weight)
-            initial[-1] = 1.0
-            state_dict[key] = initial
+            state_dict[key] = identity_weights(len(self.inputs)).to(self.weight)
 
     @staticmethod
     def macs(embed_dim: int, num_inputs: int) -> int:
