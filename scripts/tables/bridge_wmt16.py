@@ -197,7 +197,7 @@ def main(argv=None):
     heatmap = None
     bridged = [r for r in rows if ROWS[r][0] == "bridge"]
     if bridged:
-        import plot_bridge
+        plot_bridge = paths.load_script("plot_bridge.py")
 
         heatmap = os.path.join(table.out_dir, "bridge_weights.png")
         plot_bridge.plot([(ROWS[r][3], *plot_bridge.bridge_norms(

@@ -18,7 +18,7 @@ and MCD3, 3 seeds.
 import os
 import sys
 
-from layerlab import stats, tables
+from layerlab import paths, stats, tables
 
 NAME = "lrf_cfq"
 ROWS = {"transformer": "Transformer", "fusion": "LRF, encoder + decoder"}
@@ -159,7 +159,7 @@ def main(argv=None):
                                                                       seeds[0]) for r in rows})
     heatmap = weights = None
     if "fusion" in rows:
-        import plot_fusion
+        plot_fusion = paths.load_script("plot_fusion.py")
 
         heatmap = os.path.join(table.out_dir, "fusion_weights.png")
         weights = plot_fusion.mean_weights(

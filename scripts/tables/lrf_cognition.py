@@ -23,7 +23,7 @@ updates, greedy search with short outputs.
 import os
 import sys
 
-from layerlab import stats, tables
+from layerlab import paths, stats, tables
 
 NAME = "lrf_cognition"
 # row -> (architecture stem, label); the stem gets the scale's size suffix
@@ -163,7 +163,7 @@ def main(argv=None):
     curves = table.curves(first, "curves.png")
     heatmap = None
     if "fusion" in rows:
-        import plot_fusion
+        plot_fusion = paths.load_script("plot_fusion.py")
 
         heatmap = os.path.join(table.out_dir, "fusion_weights.png")
         weights = plot_fusion.mean_weights(
