@@ -175,8 +175,9 @@ def prepare(split, out_dir, dest_dir=None, valid_size=1000, seed=1, binarize_dat
     options (unless ``force``)."""
     final = os.path.join(out_dir, split)
     dest = dest_dir or os.path.join("data-bin", f"scan-{split}")
-    config = {"dataset": "scan", "split": split, "valid_size": valid_size, "seed": seed,
-              "source": "release" if from_dir else "grammar"}
+    config = {"dataset": "scan", "split": split, "valid_size": valid_size, "seed": seed}
+    if from_dir:  # (generated outputs keep the marker they had before --from existed)
+        config["source"] = "release"
     if common.already_prepared(final, dest if binarize_data else final, config, force):
         return final
     if from_dir:
