@@ -163,6 +163,6 @@ def train_generate_score(run_dir, data, seed, train_flags, subset, generate_flag
               "params": count_params(checkpoint),
               "train_loss_bits": last_train_loss(os.path.join(run_dir, "train.log")),
               "train_seconds": round(train_s, 1), "generate_seconds": round(generate_s, 1),
-              "checkpoint": checkpoint}
+              "checkpoint": checkpoint, "package_version": package_version()}
     return save_result(run_dir, result)
 

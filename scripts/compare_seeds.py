@@ -135,8 +135,10 @@ def main(argv=None):
     figures.seed_bars(summary, "exact match %" if args.metric == "exact_match" else "BLEU",
                       args.plot or os.path.join(args.out_dir, "results.png"),
                       f"{args.data} {args.gen_subset}, seeds {args.seeds}")
-    table += (f"\n\nCommand: `{command}`  \nPackage: fairseq_plugins "
-              f"{provenance['package_version']}, started {provenance['date']}")
+    made_with = sorted({r.get("package_version", "not recorded") for r in rows})
+    table += (f"\n\nCommand: `{command}`  \nLaunched with fairseq_plugins "
+              f"{provenance['package_version']}, {provenance['date']}; the runs were made with "
+              f"{', '.join(made_with)} (finished runs are not repeated)")
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"config": vars(args), **provenance, "runs": rows, "summary": summary}, f,
                   indent=2)
