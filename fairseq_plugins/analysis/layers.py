@@ -21,7 +21,6 @@ by batch, accumulates
 :meth:`LayerAnalysis.result` returns a JSON-ready dict. Memory is bounded by the CKA sums
 (:mod:`.cka`) and one batch's activations.
 """
-import math
 from typing import Dict, List, Optional
 
 import torch
@@ -185,15 +184,15 @@ class LayerAnalysis:
     def _logit_lens(self, states: List[Tensor], target: Tensor, head, logits: Tensor):
         keep = target.ne(self.pad)  # B x T
         for j, state in enumerate(states):
-            lprobs = torch.log_softmax(head(state).float(), dim=-1)  # B x T x V
+            lens_logits = head(state).float()  # B x T x V
+            lprobs = torch.log_softmax(lens_logits, dim=-1)
             nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             correct = lprobs.argmax(-1).eq(target)
             self.lens[j][0] += correct[keep].sum().item()
             self.lens[j][1] += nll[keep].sum().item()
         self.tokens += int(keep.sum())
         # the last layer through the head is the model's own output: a broken head shows here
-        last = head(states[-1]).float()
-        if not torch.allclose(last, logits.float(), atol=1e-4, rtol=1e-4):
+        if not torch.allclose(lens_logits, logits.float(), atol=1e-4, rtol=1e-4):
             raise AssertionError("the logit lens of the last layer differs from the model's "
                                  "output: the head after the layers is not the model's")
 
@@ -290,7 +289,3 @@ def layer_weights(model) -> Dict:
         if averages:
             out.setdefault("depth_averages", {})[side] = averages
     return out
-
-
-def uniform_entropy(source_length: int) -> float:
-    return math.log(source_length)
