@@ -5,8 +5,9 @@ A table script declares its rows (name, ``--arch``, extra fairseq-train flags), 
 configuration (model preset, updates, seeds, data recipe) and how one finished run is scored;
 ``Table`` does the rest. Every run lives in ``<out-dir>/runs/<row>-seed<k>/`` with fairseq's JSON
 log (``train.log``), its checkpoints and generations; a ``result.json`` there marks it finished, so
-re-running the script skips it (an unfinished run starts again from scratch). ``--dry-run`` prints
-every command without running anything (how the ``paper`` scale is checked on a machine
+re-running the script skips it (an unfinished run starts again from scratch). ``--dry-run`` runs
+nothing and prints the table as a bash script instead: every data, train, generate and score
+command in order (``--dry-run > table.sh``; how the ``paper`` scale is checked on a machine
 without GPUs).
 """
 import argparse
@@ -55,7 +56,9 @@ def table_parser(description, name):
                                          "results/tables")
     p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
     p.add_argument("--rows", help="comma-separated subset of the rows (default: all)")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run nothing; print every command in order as a bash script "
+                        "(--dry-run > table.sh)")
     return p
 
 
@@ -72,6 +75,21 @@ class Table:
         self.command = " ".join(["python", os.path.relpath(sys.argv[0], paths.REPO)
                                  if os.path.isabs(sys.argv[0]) else sys.argv[0],
                                  *(sys.argv[1:] if argv is None else argv)])
+        if args.dry_run:
+            self._script_header()
+
+    def _script_header(self):
+        """The dry run's output is a bash script: its header, before any command."""
+        print("\n".join([
+            "#!/usr/bin/env bash",
+            f"# {self.name}, {self.scale} scale: every data, train, generate and score command in "
+            "order,",
+            f"# printed by `{self.command}` (fairseq_plugins {runs.package_version()}).",
+            "# The same command without --dry-run runs these steps too, skips finished runs and "
+            "writes",
+            "# the table (markdown, JSON, figures); this script writes no table and no result.json.",
+            "set -euo pipefail",
+            f"cd {shlex.quote(os.getcwd())}"]), flush=True)
 
     # ---- paths -------------------------------------------------------------------------------
     def data(self, name):
@@ -88,11 +106,20 @@ class Table:
 
     # ---- commands ----------------------------------------------------------------------------
     def run(self, cmd, log=None):
-        """Run one command (output to ``log`` when given); stop the table on failure."""
+        """Run one command (output to ``log`` when given); stop the table on failure. In a dry
+        run, print it as a line of the bash script instead (same redirection, same stop)."""
         cmd = [str(c) for c in cmd]
-        print(("[dry-run] " if self.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
-        if not self.args.dry_run:
-            runs.run_logged(cmd, log)
+        if self.args.dry_run:
+            print(script_line(cmd, log), flush=True)
+            return
+        print("[table] " + shlex.join(cmd), flush=True)
+        runs.run_logged(cmd, log)
+
+    def cut_lines(self, src, dst, count, skip=0):
+        """Lines ``skip+1 .. skip+count`` of ``src`` into ``dst`` (``layerlab.cut_lines``: a
+        command, so that the dry run's script makes the same cut)."""
+        self.run([sys.executable, "-m", "layerlab.cut_lines", src, dst, "--count", count,
+                  "--skip", skip])
 
     def prepare(self, script, flags):
         """Run a scripts/prepare/ script (it does nothing when its output is complete)."""
@@ -145,7 +172,8 @@ class Table:
         """``<out-dir>/<name>.md`` and ``.json`` (and copies of both and of the pictures in
         --results-dir as ``<name>_<scale>.*``)."""
         if self.args.dry_run:
-            print(f"[dry-run] would write {self.out_dir}/{self.name}.md and .json")
+            print(f"# the table ({self.out_dir}/{self.name}.md and .json): `"
+                  f"{self.command.replace(' --dry-run', '')}`")
             return
         report = dict(report, table=self.name, scale=self.scale, command=self.command,
                       package_version=runs.package_version(),
@@ -195,7 +223,20 @@ def generate(table, run_dir, data, subset, flags, checkpoint="checkpoint_best.pt
 def score(table, scorer, flags):
     """Run one of scripts/score_*.py with --json; return its result (None in a dry run)."""
     cmd = runs.score_command(scorer, flags)
-    print(("[dry-run] " if table.args.dry_run else "[table] ") + shlex.join(cmd), flush=True)
     if table.args.dry_run:
+        print(script_line(cmd), flush=True)  # the scores (JSON) go to the terminal
         return None
+    print("[table] " + shlex.join(cmd), flush=True)
     return runs.run_scorer(cmd)
+
+
+def script_line(cmd, log=None):
+    """One command as a line of a bash script under ``set -euo pipefail``: output into ``log``
+    (its folder made first) and, when it fails, the log's tail on stderr before the script stops."""
+    line = shlex.join(str(c) for c in cmd)
+    if log is None:
+        return line
+    quoted = shlex.quote(str(log))
+    return (f"mkdir -p {shlex.quote(os.path.dirname(str(log)) or '.')}\n"
+            f"{line} > {quoted} 2>&1 || {{ tail -n 20 {quoted} >&2; "
+            f"echo \"failed; the whole log: \"{quoted} >&2; exit 1; }}")

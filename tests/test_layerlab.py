@@ -129,3 +129,18 @@ def test_bootstrap_separates_a_real_difference_from_seed_noise():
     noisy = significance.hierarchical_bootstrap("exact_match", runs_with([0.30, 0.55, 0.80]),
                                                 base, replicates=300)
     assert not noisy["larger_than_noise"] and noisy["high"] - noisy["low"] > 30
+
+
+def test_cut_lines_copies_a_range_and_refuses_a_short_source(tmp_path):
+    from layerlab.cut_lines import main
+
+    src = tmp_path / "src.txt"
+    src.write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    dst = tmp_path / "sub" / "dst.txt"
+    assert main([str(src), str(dst), "--count", "3", "--skip", "4"]) == 0
+    assert dst.read_text() == "line 5\nline 6\nline 7\n"
+    assert main([str(src), str(dst), "--count", "2"]) == 0
+    assert dst.read_text() == "line 1\nline 2\n"
+    # too few lines: exit 2, and the previous file is neither truncated nor replaced
+    assert main([str(src), str(dst), "--count", "5", "--skip", "8"]) == 2
+    assert dst.read_text() == "line 1\nline 2\n" and not (tmp_path / "sub" / "dst.txt.tmp").exists()

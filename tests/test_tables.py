@@ -214,3 +214,35 @@ def test_plot_curves_reads_train_and_valid_records(tmp_path):
                            "--out", tmp_path / "d.png"], capture_output=True, text=True,
                           env=cli_env())
     assert proc.returncode == 2 and "--log-format json" in proc.stderr
+
+
+@needs_data
+def test_smoke_dry_run_is_a_bash_script_that_runs_the_table(tmp_path):
+    out = tmp_path / "out"
+    proc = run_table("lrf_cfq.py", "--scale", "smoke", "--dry-run", "--rows", "transformer",
+                     "--from", SHARED_DATA, "--data-root", tmp_path, "--out-dir", out)
+    script = proc.stdout
+    assert script.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in script
+    assert not (tmp_path / "data").exists() and not out.exists()  # the dry run ran nothing
+    commands = [line for line in script.splitlines() if line and not line.startswith("#")]
+    steps = ["layerlab.cut_lines", "prepare/cfq.py", "fairseq-train", "fairseq-generate",
+             "score_exact_match.py"]
+    order = [next(i for i, line in enumerate(commands) if step in line) for step in steps]
+    assert order == sorted(order), commands  # data, train, generate, score, in that order
+    (tmp_path / "table.sh").write_text(script)
+    run = subprocess.run(["bash", tmp_path / "table.sh"], capture_output=True, text=True,
+                         env=cli_env(), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_dir = out / "runs" / "transformer-mcd1-seed1"
+    assert (run_dir / "checkpoint_best.pt").exists()
+    generations = (run_dir / "generate-test.txt").read_text()
+    assert generations.count("\nH-") + generations.startswith("H-") == 100
+    score = json.loads(run.stdout[run.stdout.rindex("\n{"):])  # the scorer's JSON comes last
+    assert score["total"] == 100 and score["exact_match"] == 0.0  # 4-token outputs
+    # a failing step stops the script with the log's tail on stderr
+    broken = script.replace("--max-update 10", "--max-update 10 --no-such-flag")
+    (tmp_path / "broken.sh").write_text(broken)
+    run = subprocess.run(["bash", tmp_path / "broken.sh"], capture_output=True, text=True,
+                         env=cli_env(), cwd=tmp_path)
+    assert run.returncode == 1 and "--no-such-flag" in run.stderr and "the whole log" in run.stderr
+    assert "fairseq-generate" not in run.stdout + run.stderr

@@ -97,14 +97,12 @@ def prepare(table, cfg):
         if release is None:
             raise tables.TableError(f"the smoke scale reads a local {cfg['dataset']} copy: "
                              f"give --from DIR with DIR/{cfg['dataset']}/train.txt")
+        text = os.path.join(release, "train.txt")
+        if not table.args.dry_run and not os.path.isfile(text):
+            raise tables.TableError(f"{text}: no such file")
         head = os.path.join(table.data_root, "data", f"{name}.txt")
-        if not table.args.dry_run and not os.path.exists(head):
-            with open(os.path.join(release, "train.txt"), encoding="utf-8") as f:
-                lines = [line for _, line in zip(range(cfg["head_lines"]), f)]
-            os.makedirs(os.path.dirname(head), exist_ok=True)
-            with open(head + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(lines)
-            os.rename(head + ".tmp", head)
+        if table.args.dry_run or not os.path.exists(head):
+            table.cut_lines(text, head, cfg["head_lines"])
         flags = ["--text", head]
     else:
         name = f"{cfg['dataset']}-v{cfg['vocab']}"

@@ -73,23 +73,21 @@ def subset_source(table, counts):
     if src is None:
         raise tables.TableError(f"the {table.scale} scale takes Google's preprocessed MCD1 files "
                          "(train_/dev_ encode/decode .txt): give --from DIR with DIR/cfq_mcd1")
+    missing = [name for name in ("train_encode.txt", "train_decode.txt", "dev_encode.txt",
+                                 "dev_decode.txt") if not os.path.isfile(os.path.join(src, name))]
+    if missing and not table.args.dry_run:
+        raise tables.TableError(f"{os.path.join(src, missing[0])}: no such file (the preprocessed "
+                                "MCD1 files: train_/dev_ encode/decode .txt)")
     out = table.data(f"cfq-mcd1-{n_train}-source")
-    if table.args.dry_run or os.path.isdir(out):
-        return out
-    parts = {}  # read everything before writing anything
     for side in ("encode", "decode"):
-        with open(os.path.join(src, f"train_{side}.txt")) as f:
-            train = [next(f) for _ in range(n_train)]
-        with open(os.path.join(src, f"dev_{side}.txt")) as f:
-            dev = [next(f) for _ in range(n_valid + n_test)]
-        for part, lines in (("train", train), ("dev", dev[:n_valid]), ("test", dev[n_valid:])):
-            parts[f"{part}_{side}.txt"] = lines
-    tmp = out + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
-    for filename, lines in parts.items():
-        with open(os.path.join(tmp, filename), "w") as f:
-            f.writelines(lines)
-    os.rename(tmp, out)
+        for src_name, dst_name, count, skip in ((f"train_{side}.txt", f"train_{side}.txt",
+                                                 n_train, 0),
+                                                (f"dev_{side}.txt", f"dev_{side}.txt", n_valid, 0),
+                                                (f"dev_{side}.txt", f"test_{side}.txt", n_test,
+                                                 n_valid)):
+            dst = os.path.join(out, dst_name)
+            if table.args.dry_run or not os.path.exists(dst):  # each cut is written atomically
+                table.cut_lines(os.path.join(src, src_name), dst, count, skip)
     return out
 
 
