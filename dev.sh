@@ -36,7 +36,7 @@ case "${1:-}" in
     test)
         setup
         set +e
-        "$VENV/bin/python" -m pytest -q tests "${@:2}"
+        "$VENV/bin/python" -m pytest -q --durations=15 tests "${@:2}"
         rc=$?
         # pytest exits 5 when it collected no test: that is a failure, not a pass
         [ $rc -eq 5 ] && echo "dev.sh: pytest ran no test" >&2

@@ -1,4 +1,5 @@
-"""The optimisation recipe of the quickstart and the seed comparisons (one definition)."""
+"""The optimisation recipes of the quickstart and the seed comparisons (one definition each)."""
+import json
 
 
 def adam_inverse_sqrt(lr, max_tokens, max_update):
@@ -10,3 +11,25 @@ def adam_inverse_sqrt(lr, max_tokens, max_update):
             "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(max_tokens),
             "--max-update", str(max_update), "--no-epoch-checkpoints", "--disable-validation",
             "--log-interval", "100"]
+
+
+def linear_decay_exact_match(lr, max_tokens, max_update, validate_every, warmup=200,
+                             max_output_len=64):
+    """fairseq-train flags for a fixed budget that ends converged: Adam (0.9, 0.98), the learning
+    rate warmed up over ``warmup`` updates and then decayed linearly to 0 at ``max_update``
+    (fairseq's ``polynomial_decay``, power 1), no dropout, cross-entropy; every
+    ``validate_every`` updates greedy exact match on the valid subset (``seq2seq_eval``) and the
+    best checkpoint kept (``checkpoint_best.pt``). Validation only at those updates and at the
+    end (not at every epoch's end); one interval checkpoint kept besides best and last."""
+    return ["--task", "seq2seq_eval", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+            "--lr", str(lr), "--lr-scheduler", "polynomial_decay", "--warmup-updates",
+            str(warmup), "--total-num-update", str(max_update), "--end-learning-rate", "0",
+            "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(max_tokens),
+            "--max-update", str(max_update), "--log-interval", "100",
+            "--eval-exact-match", "--eval-bleu-args",
+            json.dumps({"beam": 1, "max_len_a": 0, "max_len_b": max_output_len}),
+            "--best-checkpoint-metric", "exact_match", "--maximize-best-checkpoint-metric",
+            "--validate-interval-updates", str(validate_every),
+            "--save-interval-updates", str(validate_every), "--keep-interval-updates", "1",
+            "--validate-interval", "1000000", "--save-interval", "1000000",
+            "--no-epoch-checkpoints"]

@@ -141,17 +141,17 @@ def score_generation(gen_log, metric, ref=None):
 
 
 def train_generate_score(run_dir, data, seed, train_flags, subset, generate_flags, metric,
-                         ref=None, resume=True, info=None):
-    """One seq2seq run: fairseq-train, fairseq-generate with ``checkpoint_last.pt`` on
-    ``subset``, then the metric -> its result (``info``, e.g. the row's name, first; also saved
-    as ``result.json``). With ``resume``, a finished run's result is returned as it is, without
-    running anything."""
+                         ref=None, resume=True, info=None, checkpoint="checkpoint_last.pt"):
+    """One seq2seq run: fairseq-train, fairseq-generate with ``checkpoint`` (a file name in
+    ``run_dir``) on ``subset``, then the metric -> its result (``info``, e.g. the row's name,
+    first; also saved as ``result.json``). With ``resume``, a finished run's result is returned
+    as it is, without running anything."""
     if resume:
         done = load_result(run_dir)
         if done is not None:
             return done
     fresh_run_dir(run_dir)
-    checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
+    checkpoint = os.path.join(run_dir, checkpoint)
     start = time.time()
     run_logged(train_command(data, run_dir, seed, train_flags), os.path.join(run_dir, "train.log"))
     train_s = time.time() - start

@@ -7,7 +7,7 @@
         --spm data/multi30k/spm.model --ref data/multi30k/test.raw.en ...
 
 Every run goes through the real CLIs (fairseq-train --user-dir, fairseq-generate) with the
-quickstart's optimisation recipe (Adam, inverse-sqrt schedule, 200 warm-up updates, dropout 0
+optimisation recipe ``layerlab.recipes.adam_inverse_sqrt`` (Adam, inverse-sqrt schedule, 200 warm-up updates, dropout 0
 unless ``--train-args`` says otherwise). Finished runs (a ``result.json`` in their directory) are
 not repeated when the command is run again. Writes ``results.json`` and ``results.md`` (mean,
 sample standard deviation and every seed's value per architecture; each row's difference to

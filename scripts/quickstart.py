@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""Quickstart: SCAN -> train fairseq's transformer and every seq2seq architecture of this
-package under one small budget -> exact match with fairseq-generate -> markdown table + JSON ->
-the layer analysis of the trained models (scripts/analyze_layers.py).
+"""Quickstart: SCAN -> train fairseq's transformer, layer-wise fusion (LRF) and the FC bridge
+until SCAN is learned -> exact match with fairseq-generate -> markdown table + JSON -> the layer
+analysis of the trained models (scripts/analyze_layers.py) -> what they show, in two sentences.
 
 Everything runs through the real CLIs (fairseq-preprocess, fairseq-train --user-dir,
-fairseq-generate --user-dir). The architectures are discovered from the registry: every ``*_tiny``
-preset of this package's encoder-decoder models (but ``layerwise_transformer_tiny``, which is
-fairseq's ``transformer_tiny`` with every switch off), plus ``transformer_tiny`` itself.
+fairseq-generate --user-dir). Each row trains for a fixed budget whose learning rate decays
+linearly to 0 (``--max-update``), so that it ends converged: greedy exact match on the validation
+subset every ``--validate-every`` updates shows the plateau, and the test set is decoded (beam 5)
+with the best checkpoint.
+``--all`` trains every ``*_tiny`` encoder-decoder preset of this package (but
+``layerwise_transformer_tiny``, which is fairseq's ``transformer_tiny`` with every switch off).
+``--seeds 1,2,3`` trains each row once per seed and reports mean, sample std and the per-seed
+values: how the committed copy (results/quickstart_cpu.*) was made. docs/quickstart.md has the
+measured times and the seed spread.
 """
 import argparse
 import json
@@ -14,10 +20,18 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
-from layerlab import paths, recipes, runs
+from layerlab import fairseq_log, paths, recipes, runs, stats
 
-MAX_OUTPUT_LEN = 64
+# the default rows: the transformer and the package's two original ideas (docs/ideas/)
+DEFAULT_ARCHS = ["transformer_tiny", "fusion_transformer_tiny", "bridge_transformer_tiny"]
+# every row: the tiny presets with a wider FFN (the presets' 64 learns SCAN far more slowly)
+SIZE_FLAGS = ["--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256"]
+MAX_OUTPUT_LEN = 64  # SCAN actions are at most 48 tokens; the cap only matters for bad models
+COMMITTED = os.path.join(paths.RESULTS, "quickstart_cpu.json")
+LEARNED = 95.0  # test exact match (%) from which a row counts as having learned SCAN simple
+
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first keeps the quickstart's own progress lines readable
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -36,85 +50,227 @@ def seq2seq_tiny_archs():
     return ["transformer_tiny"] + ours
 
 
-def train_and_evaluate(arch, data, out_dir, args):
-    """One architecture, always from scratch (no resume: the quickstart measures times)."""
-    return runs.train_generate_score(
-        os.path.join(out_dir, arch), data, args.seed,
-        ["--arch", arch, *recipes.adam_inverse_sqrt(args.lr, args.max_tokens, args.max_update)],
+def validation_curve(train_log):
+    """A run's validation from its log: the updates trained, the curve [(update, exact match)]
+    and its best and final values (their closeness is the plateau)."""
+    curve = [(int(r["valid_num_updates"]), float(r["valid_exact_match"]))
+             for r in fairseq_log.records(train_log, "valid") if "valid_exact_match" in r]
+    last = fairseq_log.last_record(train_log, "train") or {}
+    updates = int(last.get("train_num_updates", curve[-1][0] if curve else 0))
+    return {"updates": updates, "valid_curve": curve,
+            "best_valid_exact_match": max((em for _, em in curve), default=None),
+            "final_valid_exact_match": curve[-1][1] if curve else None}
+
+
+def train_and_evaluate(arch, seed, data, out_dir, args):
+    """One architecture and seed, always from scratch (no resume: the quickstart measures
+    times)."""
+    run_dir = os.path.join(out_dir, f"{arch}-seed{seed}")
+    result = runs.train_generate_score(
+        run_dir, data, seed,
+        ["--arch", arch, *SIZE_FLAGS,
+         *recipes.linear_decay_exact_match(args.lr, args.max_tokens, args.max_update,
+                                           args.validate_every, warmup=args.warmup,
+                                           max_output_len=MAX_OUTPUT_LEN)],
         args.gen_subset,
-        # SCAN actions are at most 48 tokens; the cap only matters for untrained models
         ["--beam", "5", "--batch-size", "256", "--max-len-a", "0",
          "--max-len-b", str(MAX_OUTPUT_LEN)],
-        "exact_match", resume=False, info={"arch": arch})
+        "exact_match", resume=False, info={"arch": arch}, checkpoint="checkpoint_best.pt")
+    result.update(validation_curve(os.path.join(run_dir, "train.log")))
+    return runs.save_result(run_dir, result)
 
 
-def markdown(rows, args):
-    lines = [f"SCAN `{args.split}` {args.gen_subset}, {args.max_update} updates x {args.max_tokens} tokens, "
-             f"lr {args.lr}, seed {args.seed}, beam 5 (CPU)", "",
-             "| arch | exact match % | correct / total | final train loss (bits/token) | params "
-             "| train s | generate s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
+def recipe(args):
+    return {"split": args.split, "gen_subset": args.gen_subset, "lr": args.lr,
+            "max_tokens": args.max_tokens, "max_update": args.max_update, "warmup": args.warmup,
+            "validate_every": args.validate_every, "size_flags": " ".join(SIZE_FLAGS)}
+
+
+def committed_rows(args):
+    """{arch: summary} of the committed multi-seed copy when it was made with this recipe,
+    else {} (a different recipe's numbers are not a reference)."""
+    if not os.path.exists(COMMITTED):
+        return {}
+    with open(COMMITTED) as f:
+        committed = json.load(f)
+    if any(committed["recipe"].get(k) != v for k, v in recipe(args).items()):
+        return {}
+    return {s["arch"]: s for s in committed["summary"]}
+
+
+def summarise(results, archs):
+    summary = []
+    for arch in archs:
+        own = [r for r in results if r["arch"] == arch]
+        mean, std = stats.mean_std([r["exact_match"] for r in own])
+        summary.append({"arch": arch, "seeds": [r["seed"] for r in own],
+                        "values": [r["exact_match"] for r in own], "mean": mean, "std": std,
+                        "final_valid": [r["final_valid_exact_match"] for r in own],
+                        "params": own[0]["params"],
+                        "train_seconds": [r["train_seconds"] for r in own]})
+    return summary
+
+
+def markdown(results, summary, committed, args, wall_seconds):
+    seeds = sorted({r["seed"] for r in results})
+    head = (f"SCAN `{args.split}` {args.gen_subset}, beam 5, best checkpoint by greedy "
+            f"validation exact match (every {args.validate_every} updates); {args.max_update} "
+            f"updates x {args.max_tokens} tokens, Adam lr {args.lr} (warm-up {args.warmup}, "
+            "then linear decay to 0), tiny presets with "
+            f"`{' '.join(SIZE_FLAGS)}`, seed{'s' if len(seeds) > 1 else ''} "
+            f"{','.join(map(str, seeds))}; {wall_seconds / 60:.1f} minutes in all (CPU)")
+    lines = [head, ""]
+    if len(seeds) > 1:
+        lines += ["| arch | exact match % (mean ± sample std) | per seed | final validation % "
+                  "(per seed) | params | train s (per seed) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for s in summary:
+            lines.append(f"| {s['arch']} | {stats.fmt(s['mean'], s['std'])} | "
+                         f"{' / '.join(f'{v:.2f}' for v in s['values'])} | "
+                         f"{' / '.join(f'{v:.1f}' for v in s['final_valid'])} | "
+                         f"{s['params']:,} | "
+                         f"{' / '.join(f'{t:.0f}' for t in s['train_seconds'])} |")
+        return "\n".join(lines)
+    lines += ["| arch | exact match % | correct / total | validation % (last two checks) "
+              "| committed: mean ± std (this seed) | params | train s | generate s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        c = committed.get(r["arch"])
+        ref = "n/a"
+        if c:
+            same_seed = dict(zip(c["seeds"], c["values"])).get(r["seed"])
+            ref = stats.fmt(c["mean"], c["std"]) + (f" ({same_seed:.2f})" if same_seed is not None
+                                                    else "")
         lines.append(f"| {r['arch']} | {r['exact_match']:.2f} | {r['correct']} / {r['total']} | "
-                     f"{r['train_loss_bits']} | {r['params']:,} | {r['train_seconds']} | "
-                     f"{r['generate_seconds']} |")
+                     f"{' -> '.join(f'{em:.1f}' for _, em in r['valid_curve'][-2:])} | "
+                     f"{ref} | {r['params']:,} | "
+                     f"{r['train_seconds']} | {r['generate_seconds']} |")
     return "\n".join(lines)
+
+
+def two_sentences(summary, analysis, committed):
+    """What the table and the figure show, from this run's numbers (docs/quickstart.md)."""
+    learned = [s for s in summary if s["mean"] is not None and s["mean"] >= LEARNED]
+    low = [s for s in summary if s not in learned]
+    spread = [c["std"] for c in committed.values() if c.get("std") is not None]
+    text = (f"Table: {len(learned)} of {len(summary)} models learned SCAN {{split}} (test exact "
+            f"match {min(s['mean'] for s in learned):.1f}-{max(s['mean'] for s in learned):.1f}%"
+            if learned else f"Table: none of the {len(summary)} models reached {LEARNED:.0f}% "
+            f"(test exact match {min(s['mean'] for s in summary):.1f}-"
+            f"{max(s['mean'] for s in summary):.1f}%")
+    if low and learned:
+        text += "; below " + f"{LEARNED:.0f}%: " + ", ".join(
+            f"{s['arch']} {s['mean']:.1f}%" for s in low)
+    text += (f"), and with a seed spread of up to {max(spread):.1f} points (committed 3-seed "
+             "runs) differences of a point or two between them are noise, not a ranking."
+             if spread else "); one seed per row cannot separate rows closer than the seed "
+             "spread (run --seeds 1,2,3).")
+    lens = {label: a["logit_lens"]["accuracy"] for label, a in analysis["analyses"].items()
+            if a.get("logit_lens")}
+    if lens:
+        first = [acc[1] for acc in lens.values() if len(acc) > 1]
+        last = [acc[-1] for acc in lens.values()]
+        top_heavy = all(acc[-1] - acc[-2] > acc[-2] - acc[0] for acc in lens.values()
+                        if len(acc) > 2)
+        text += (" Figure: read out through the output layer (logit lens), the decoder's first "
+                 f"layer predicts {min(first):.0f}-{max(first):.0f}% of the test tokens and its "
+                 f"last {min(last):.0f}-{max(last):.0f}%, "
+                 + ("so in every model the last decoder layer adds most of the accuracy"
+                    if top_heavy else "so the accuracy builds up over the decoder's layers")
+                 + "; the other panels show how similar the layers' states are (CKA), how much "
+                 "each sub-layer changes them, and what LRF's fusion and the bridge learned to "
+                 "mix (docs/analysis.md explains each panel).")
+    return text
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--split", default="simple", help="SCAN split (default: simple)")
-    p.add_argument("--max-update", type=int, default=2000, help="updates per architecture")
-    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--all", action="store_true",
+                   help="every *_tiny encoder-decoder preset, not only the three default rows")
+    p.add_argument("--archs", default=None,
+                   help=f"comma-separated rows (default: {','.join(DEFAULT_ARCHS)})")
+    p.add_argument("--seeds", default="1",
+                   help="comma-separated seeds; more than one: mean, std and per-seed values")
+    p.add_argument("--max-update", type=int, default=3000,
+                   help="updates per row; the learning rate reaches 0 at the last")
+    p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--validate-every", type=int, default=500,
+                   help="updates between validations (exact match on the valid subset)")
     p.add_argument("--gen-subset", default="test", help="subset scored for exact match")
-    p.add_argument("--archs", default=None, help="comma-separated subset (default: all)")
+    p.add_argument("--no-analysis", action="store_true", help="skip the layer analysis")
     p.add_argument("--out-dir", default=os.path.join("outputs", "quickstart"))
     args = p.parse_args(argv)
+    if args.all and args.archs:
+        p.error("--all and --archs exclude each other")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    start = time.time()
 
     data = os.path.join("data-bin", f"scan-{args.split}")
     print(f"[1/4] SCAN {args.split} -> {data}", flush=True)
     subprocess.run([sys.executable, paths.script("prepare", "scan.py"), "--split", args.split],
                    check=True)
-    archs = args.archs.split(",") if args.archs else seq2seq_tiny_archs()
+    archs = (seq2seq_tiny_archs() if args.all else
+             args.archs.split(",") if args.archs else DEFAULT_ARCHS)
     os.makedirs(args.out_dir, exist_ok=True)
-    rows = []
+    results = []
     for i, arch in enumerate(archs, 1):
-        print(f"[2/4] ({i}/{len(archs)}) {arch}: training {args.max_update} updates, "
-              "then beam-5 generation on test ...", flush=True)
+        for seed in seeds:
+            print(f"[2/4] ({i}/{len(archs)}) {arch}, seed {seed}: training {args.max_update} "
+                  f"updates (validation every {args.validate_every}), then beam-5 generation on "
+                  f"{args.gen_subset} ...", flush=True)
+            try:
+                results.append(train_and_evaluate(arch, seed, data, args.out_dir, args))
+            except runs.StepError as e:
+                raise SystemExit(f"quickstart: {e}") from None
+            r = results[-1]
+            print(f"      exact match {r['exact_match']:.2f}% (validation at the end "
+                  f"{r['final_valid_exact_match']:.1f}%; train {r['train_seconds']} s, generate "
+                  f"{r['generate_seconds']} s)",
+                  flush=True)
+    summary = summarise(results, archs)
+    committed = committed_rows(args)
+    analysis = None
+    if not args.no_analysis:
+        print("[3/4] what each model's layers hold (scripts/analyze_layers.py, "
+              "docs/analysis.md) ...", flush=True)
+        analysis_dir = os.path.join(args.out_dir, "analysis")
+        first_seed = [r for r in results if r["seed"] == seeds[0]]
+        checkpoints = [r["checkpoint"] for r in first_seed]
         try:
-            rows.append(train_and_evaluate(arch, data, args.out_dir, args))
+            runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoints[0],
+                             *(["--compare", *checkpoints[1:]] if len(checkpoints) > 1 else []),
+                             "--labels", ",".join(archs), "--data", data,
+                             "--subset", args.gen_subset, "--max-sentences", "1000",
+                             "--out-dir", analysis_dir],
+                            os.path.join(args.out_dir, "analysis.log"))
         except runs.StepError as e:
             raise SystemExit(f"quickstart: {e}") from None
-        r = rows[-1]
-        print(f"      exact match {r['exact_match']:.2f}%  (train {r['train_seconds']} s, "
-              f"generate {r['generate_seconds']} s)", flush=True)
-    table = markdown(rows, args)
+        with open(os.path.join(analysis_dir, "analysis.json")) as f:
+            analysis = json.load(f)
+    wall = time.time() - start
+    table = markdown(results, summary, committed, args, wall)
+    sentences = two_sentences(summary, analysis or {"analyses": {}}, committed).replace(
+        "{split}", args.split)
+    report = {"recipe": recipe(args), "seeds": seeds, "archs": archs, "summary": summary,
+              "results": results, "wall_seconds": round(wall, 1), "what_it_shows": sentences,
+              "package_version": runs.package_version()}
     json_path = os.path.join(args.out_dir, "results.json")
     md_path = os.path.join(args.out_dir, "results.md")
     with open(json_path, "w") as f:
-        json.dump({"split": args.split, "gen_subset": args.gen_subset, "max_update": args.max_update,
-                   "max_tokens": args.max_tokens, "lr": args.lr, "seed": args.seed,
-                   "results": rows}, f, indent=2)
+        json.dump(report, f, indent=2)
     with open(md_path, "w") as f:
-        f.write(table + "\n")
-    print("[3/4] results\n")
+        f.write(table + "\n\n" + sentences + "\n")
+    print("[4/4] results\n")
     print(table)
-    print(f"\n[4/4] what each model's layers hold (scripts/analyze_layers.py, docs/analysis.md) ...",
-          flush=True)
-    analysis_dir = os.path.join(args.out_dir, "analysis")
-    checkpoints = [r["checkpoint"] for r in rows]
-    try:
-        runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoints[0],
-                         *(["--compare", *checkpoints[1:]] if len(checkpoints) > 1 else []),
-                         "--labels", ",".join(archs),
-                         "--data", data, "--subset", args.gen_subset, "--max-sentences", "1000",
-                         "--out-dir", analysis_dir], os.path.join(args.out_dir, "analysis.log"))
-    except runs.StepError as e:
-        raise SystemExit(f"quickstart: {e}") from None
-    print(f"\ntable: {md_path}\njson: {json_path}\nlayer analysis: {analysis_dir}/analysis.png"
-          f"\nruns (checkpoints, logs, generations): {args.out_dir}/<arch>/")
+    print("\n" + sentences)
+    print(f"\ntable: {md_path}\njson: {json_path}"
+          + (f"\nlayer analysis: {os.path.join(args.out_dir, 'analysis', 'analysis.png')}"
+             if analysis else "")
+          + f"\nruns (checkpoints, logs, generations): {args.out_dir}/<arch>-seed<k>/"
+          + f"\n{wall / 60:.1f} minutes")
     return 0
 
 

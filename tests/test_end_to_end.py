@@ -11,6 +11,7 @@ from conftest import cli_env, run_cli, train
 from helpers import PLUGIN_DIR, SCRIPTS
 
 from layerlab.metrics.generate_log import read_generate_log
+from layerlab.paths import load_script
 
 
 @pytest.fixture(scope="module")
@@ -75,28 +76,84 @@ def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ck
 
 
 def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
-    def run():
+    def run(*extra):
         proc = subprocess.run(
             [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
-             "--max-update", "3", "--archs", "transformer_tiny,fusion_transformer_tiny",
-             "--gen-subset", "valid", "--out-dir", "qs"],
+             "--max-update", "3", "--validate-every", "2", "--gen-subset", "valid",
+             "--out-dir", "qs", *extra],
             capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        log = (tmp_path / "qs" / "fusion_transformer_tiny" / "train.log").read_text()
+        log = (tmp_path / "qs" / "fusion_transformer_tiny-seed1" / "train.log").read_text()
         stops = [line.split(" | ")[-1] for line in log.splitlines() if "Stopping training" in line]
         return proc.stdout, stops
 
-    stdout, stops = run()
+    stdout, stops = run("--archs", "transformer_tiny,fusion_transformer_tiny")
     assert "| fusion_transformer_tiny |" in stdout
-    results = json.loads((tmp_path / "qs" / "results.json").read_text())["results"]
+    report = json.loads((tmp_path / "qs" / "results.json").read_text())
+    results = report["results"]
     assert [r["arch"] for r in results] == ["transformer_tiny", "fusion_transformer_tiny"]
     assert all(r["total"] == 1000 for r in results)
     assert results[1]["params"] > results[0]["params"]
     assert all(r["train_loss_bits"] > 0 for r in results)
+    # validated with exact match at update 2 and at the end; the test set decoded with the best
+    for r in results:
+        assert [u for u, _ in r["valid_curve"]] == [2, 3] and r["updates"] == 3
+        assert r["best_valid_exact_match"] == max(em for _, em in r["valid_curve"])
+        assert r["final_valid_exact_match"] == r["valid_curve"][-1][1]
+        assert r["checkpoint"].endswith("checkpoint_best.pt")
+    # the learning rate decays linearly to 0 at --max-update
+    log = (tmp_path / "qs" / "transformer_tiny-seed1" / "train.log").read_text()
+    assert "'lr_scheduler': {'_name': 'polynomial_decay'" in log and "'end_learning_rate': 0.0" in log
+    # the two sentences and the analysis of the trained models
+    assert "Table: " in stdout and "Figure: read out through the output layer" in stdout
+    assert report["what_it_shows"] in (tmp_path / "qs" / "results.md").read_text()
+    assert (tmp_path / "qs" / "analysis" / "analysis.png").exists()
     # a resumed run would load checkpoint_last.pt and stop at "num_updates: 4 >= max_update: 3"
     expected = ["Stopping training due to num_updates: 3 >= max_update: 3"]
     assert stops == expected
-    assert run()[1] == expected
+    assert run("--archs", "fusion_transformer_tiny", "--no-analysis")[1] == expected
+
+
+def test_quickstart_rows_options_and_committed_reference(tmp_path, monkeypatch):
+    quickstart = load_script("quickstart.py")
+    assert quickstart.DEFAULT_ARCHS == ["transformer_tiny", "fusion_transformer_tiny",
+                                        "bridge_transformer_tiny"]
+    every = quickstart.seq2seq_tiny_archs()
+    assert set(quickstart.DEFAULT_ARCHS) < set(every) and "layerwise_transformer_tiny" not in every
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--all",
+                           "--archs", "transformer_tiny"], capture_output=True, text=True,
+                          env=cli_env(), cwd=tmp_path)
+    assert proc.returncode == 2 and "--all and --archs exclude each other" in proc.stderr
+    assert os.listdir(tmp_path) == []
+    # the committed copy is a reference only for the recipe it was made with
+    args = quickstart.argparse.Namespace(split="simple", gen_subset="test", lr=3e-3,
+                                         max_tokens=2048, max_update=3000, warmup=200,
+                                         validate_every=500)
+    committed = {"recipe": quickstart.recipe(args),
+                 "summary": [{"arch": "transformer_tiny", "seeds": [1, 2], "values": [98.0, 97.0],
+                              "mean": 97.5, "std": 0.7}]}
+    path = tmp_path / "committed.json"
+    path.write_text(json.dumps(committed))
+    monkeypatch.setattr(quickstart, "COMMITTED", str(path))
+    assert quickstart.committed_rows(args)["transformer_tiny"]["mean"] == 97.5
+    args.lr = 1e-3
+    assert quickstart.committed_rows(args) == {}
+
+
+def test_quickstart_reads_the_validation_curve(tmp_path):
+    quickstart = load_script("quickstart.py")
+    log = tmp_path / "train.log"
+    record = '2026 | INFO | {} | {}\n'
+    log.write_text(
+        record.format("valid", json.dumps({"valid_exact_match": "40.5", "valid_num_updates": "500"}))
+        + record.format("valid", json.dumps({"valid_exact_match": "99.1",
+                                             "valid_num_updates": "1000"}))
+        + record.format("valid", json.dumps({"valid_exact_match": "98.7",
+                                             "valid_num_updates": "1500"}))
+        + record.format("train", json.dumps({"train_num_updates": "1500"})))
+    assert quickstart.validation_curve(log) == {
+        "updates": 1500, "valid_curve": [(500, 40.5), (1000, 99.1), (1500, 98.7)],
+        "best_valid_exact_match": 99.1, "final_valid_exact_match": 98.7}
 
 
 def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
@@ -116,3 +173,23 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 0 and log.stat().st_mtime == stamp  # finished runs not repeated
     assert "| transformer_tiny |" in (tmp_path / "cmp" / "results.md").read_text()
+
+
+def test_quickstart_sentences_follow_the_numbers():
+    quickstart = load_script("quickstart.py")
+    summary = [{"arch": "a", "mean": 98.6}, {"arch": "b", "mean": 97.2}, {"arch": "c", "mean": 60.0}]
+    committed = {"a": {"std": 0.4}, "b": {"std": 1.1}}
+    analysis = {"analyses": {"a": {"logit_lens": {"accuracy": [14.0, 40.0, 99.0]}},
+                             "b": {"logit_lens": {"accuracy": [10.0, 45.0, 98.0]}}}}
+    text = quickstart.two_sentences(summary, analysis, committed)
+    assert text.startswith("Table: 2 of 3 models learned SCAN {split} (test exact match "
+                           "97.2-98.6%; below 95%: c 60.0%), and with a seed spread of up to "
+                           "1.1 points")
+    assert "first layer predicts 40-45% of the test tokens and its last 98-99%" in text
+    assert "the last decoder layer adds most of the accuracy" in text
+    analysis["analyses"]["b"]["logit_lens"]["accuracy"] = [10.0, 80.0, 98.0]
+    assert "builds up over the decoder's layers" in quickstart.two_sentences(
+        summary, analysis, committed)
+    # no committed reference: one seed is not a ranking
+    assert "cannot separate rows closer than the seed spread" in quickstart.two_sentences(
+        summary[:1], {"analyses": {}}, {})
