@@ -6,7 +6,7 @@ analysis of the trained models (scripts/analyze_layers.py) -> what they show, in
 Everything runs through the real CLIs (fairseq-preprocess, fairseq-train --user-dir,
 fairseq-generate --user-dir). Each row trains for a fixed budget whose learning rate decays
 linearly to 0 (``--max-update``), so that it ends converged: greedy exact match on the validation
-subset every ``--validate-every`` updates shows the plateau, and the test set is decoded (beam 5)
+subset every ``--validate-every`` updates shows the plateau, and the test set is decoded greedily
 with the best checkpoint.
 ``--all`` trains every ``*_tiny`` encoder-decoder preset of this package (but
 ``layerwise_transformer_tiny``, which is fairseq's ``transformer_tiny`` with every switch off).
@@ -15,6 +15,7 @@ values: how the committed copy (results/quickstart_cpu.*) was made. docs/quickst
 measured times and the seed spread.
 """
 import argparse
+import concurrent.futures
 import json
 import logging
 import os
@@ -63,9 +64,15 @@ def validation_curve(train_log):
 
 
 def train_and_evaluate(arch, seed, data, out_dir, args):
-    """One architecture and seed, always from scratch (no resume: the quickstart measures
-    times)."""
+    """One architecture and seed, from scratch (the quickstart measures times), or with
+    ``--resume`` the finished run in ``out_dir`` when it was made with the same recipe."""
     run_dir = os.path.join(out_dir, f"{arch}-seed{seed}")
+    done = runs.load_result(run_dir) if args.resume else None
+    if done is not None:
+        if done.get("recipe") != recipe(args):
+            raise runs.StepError(f"--resume: {run_dir} was made with another recipe "
+                                 f"({done.get('recipe')}); use another --out-dir")
+        return done
     result = runs.train_generate_score(
         run_dir, data, seed,
         ["--arch", arch, *SIZE_FLAGS,
@@ -73,9 +80,13 @@ def train_and_evaluate(arch, seed, data, out_dir, args):
                                            args.validate_every, warmup=args.warmup,
                                            max_output_len=MAX_OUTPUT_LEN)],
         args.gen_subset,
-        ["--beam", "5", "--batch-size", "256", "--max-len-a", "0",
+        # greedy: on SCAN, fairseq's beam search with its length normalisation loses 6-16
+        # points of exact match against greedy decoding of the same checkpoint
+        # (docs/quickstart.md)
+        ["--beam", "1", "--batch-size", "256", "--max-len-a", "0",
          "--max-len-b", str(MAX_OUTPUT_LEN)],
-        "exact_match", resume=False, info={"arch": arch}, checkpoint="checkpoint_best.pt")
+        "exact_match", resume=False, info={"arch": arch, "recipe": recipe(args)},
+        checkpoint="checkpoint_best.pt")
     result.update(validation_curve(os.path.join(run_dir, "train.log")))
     return runs.save_result(run_dir, result)
 
@@ -113,7 +124,7 @@ def summarise(results, archs):
 
 def markdown(results, summary, committed, args, wall_seconds):
     seeds = sorted({r["seed"] for r in results})
-    head = (f"SCAN `{args.split}` {args.gen_subset}, beam 5, best checkpoint by greedy "
+    head = (f"SCAN `{args.split}` {args.gen_subset}, greedy, best checkpoint by greedy "
             f"validation exact match (every {args.validate_every} updates); {args.max_update} "
             f"updates x {args.max_tokens} tokens, Adam lr {args.lr} (warm-up {args.warmup}, "
             "then linear decay to 0), tiny presets with "
@@ -148,16 +159,21 @@ def markdown(results, summary, committed, args, wall_seconds):
     return "\n".join(lines)
 
 
+def span(values, digits=0):
+    """``lo-hi`` of the values (one number when they round alike)."""
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def two_sentences(summary, analysis, committed):
     """What the table and the figure show, from this run's numbers (docs/quickstart.md)."""
     learned = [s for s in summary if s["mean"] is not None and s["mean"] >= LEARNED]
     low = [s for s in summary if s not in learned]
     spread = [c["std"] for c in committed.values() if c.get("std") is not None]
     text = (f"Table: {len(learned)} of {len(summary)} models learned SCAN {{split}} (test exact "
-            f"match {min(s['mean'] for s in learned):.1f}-{max(s['mean'] for s in learned):.1f}%"
+            f"match {span([s['mean'] for s in learned], 1)}%"
             if learned else f"Table: none of the {len(summary)} models reached {LEARNED:.0f}% "
-            f"(test exact match {min(s['mean'] for s in summary):.1f}-"
-            f"{max(s['mean'] for s in summary):.1f}%")
+            f"(test exact match {span([s['mean'] for s in summary], 1)}%")
     if low and learned:
         text += "; below " + f"{LEARNED:.0f}%: " + ", ".join(
             f"{s['arch']} {s['mean']:.1f}%" for s in low)
@@ -173,8 +189,7 @@ def two_sentences(summary, analysis, committed):
         top_heavy = all(acc[-1] - acc[-2] > acc[-2] - acc[0] for acc in lens.values()
                         if len(acc) > 2)
         text += (" Figure: read out through the output layer (logit lens), the decoder's first "
-                 f"layer predicts {min(first):.0f}-{max(first):.0f}% of the test tokens and its "
-                 f"last {min(last):.0f}-{max(last):.0f}%, "
+                 f"layer predicts {span(first)}% of the test tokens and its last {span(last)}%, "
                  + ("so in every model the last decoder layer adds most of the accuracy"
                     if top_heavy else "so the accuracy builds up over the decoder's layers")
                  + "; the other panels show how similar the layers' states are (CKA), how much "
@@ -199,12 +214,20 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--validate-every", type=int, default=500,
                    help="updates between validations (exact match on the valid subset)")
+    p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                   help="runs trained at the same time, one CPU thread each (default: the "
+                        "number of CPU cores available)")
     p.add_argument("--gen-subset", default="test", help="subset scored for exact match")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse finished runs of the same recipe in --out-dir (their times are "
+                        "those of their own run)")
     p.add_argument("--no-analysis", action="store_true", help="skip the layer analysis")
     p.add_argument("--out-dir", default=os.path.join("outputs", "quickstart"))
     args = p.parse_args(argv)
     if args.all and args.archs:
         p.error("--all and --archs exclude each other")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.time()
 
@@ -215,21 +238,31 @@ def main(argv=None):
     archs = (seq2seq_tiny_archs() if args.all else
              args.archs.split(",") if args.archs else DEFAULT_ARCHS)
     os.makedirs(args.out_dir, exist_ok=True)
-    results = []
-    for i, arch in enumerate(archs, 1):
-        for seed in seeds:
-            print(f"[2/4] ({i}/{len(archs)}) {arch}, seed {seed}: training {args.max_update} "
-                  f"updates (validation every {args.validate_every}), then beam-5 generation on "
-                  f"{args.gen_subset} ...", flush=True)
+    runs_todo = [(arch, seed) for arch in archs for seed in seeds]
+    jobs = min(args.jobs, len(runs_todo))
+    print(f"[2/4] {len(runs_todo)} run{'s' if len(runs_todo) > 1 else ''} ({', '.join(archs)}; "
+          f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}), {jobs} at a time, "
+          f"one CPU thread each: {args.max_update} updates (validation every "
+          f"{args.validate_every}), then greedy generation on {args.gen_subset} ...", flush=True)
+    # one thread per run: on CPU, parallel single-threaded runs train more updates per second
+    # than one run on every core, and a run's numbers do not depend on the machine's core count
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    done = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(train_and_evaluate, arch, seed, data, args.out_dir, args):
+                   (arch, seed) for arch, seed in runs_todo}
+        for future in concurrent.futures.as_completed(futures):
             try:
-                results.append(train_and_evaluate(arch, seed, data, args.out_dir, args))
+                r = done[futures[future]] = future.result()
             except runs.StepError as e:
+                for other in futures:
+                    other.cancel()
                 raise SystemExit(f"quickstart: {e}") from None
-            r = results[-1]
-            print(f"      exact match {r['exact_match']:.2f}% (validation at the end "
+            print(f"      ({len(done)}/{len(runs_todo)}) {r['arch']} seed {r['seed']}: exact match "
+                  f"{r['exact_match']:.2f}% (validation at the end "
                   f"{r['final_valid_exact_match']:.1f}%; train {r['train_seconds']} s, generate "
-                  f"{r['generate_seconds']} s)",
-                  flush=True)
+                  f"{r['generate_seconds']} s)", flush=True)
+    results = [done[key] for key in runs_todo]
     summary = summarise(results, archs)
     committed = committed_rows(args)
     analysis = None

@@ -124,6 +124,9 @@ def test_quickstart_rows_options_and_committed_reference(tmp_path, monkeypatch):
                            "--archs", "transformer_tiny"], capture_output=True, text=True,
                           env=cli_env(), cwd=tmp_path)
     assert proc.returncode == 2 and "--all and --archs exclude each other" in proc.stderr
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--jobs", "0"],
+                          capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+    assert proc.returncode == 2 and "--jobs must be at least 1" in proc.stderr
     assert os.listdir(tmp_path) == []
     # the committed copy is a reference only for the recipe it was made with
     args = quickstart.argparse.Namespace(split="simple", gen_subset="test", lr=3e-3,
@@ -187,9 +190,27 @@ def test_quickstart_sentences_follow_the_numbers():
                            "1.1 points")
     assert "first layer predicts 40-45% of the test tokens and its last 98-99%" in text
     assert "the last decoder layer adds most of the accuracy" in text
+    analysis["analyses"]["a"]["logit_lens"]["accuracy"][-1] = 99.8
+    analysis["analyses"]["b"]["logit_lens"]["accuracy"][-1] = 100.0
+    assert "and its last 100%," in quickstart.two_sentences(summary, analysis, committed)
     analysis["analyses"]["b"]["logit_lens"]["accuracy"] = [10.0, 80.0, 98.0]
     assert "builds up over the decoder's layers" in quickstart.two_sentences(
         summary, analysis, committed)
     # no committed reference: one seed is not a ranking
     assert "cannot separate rows closer than the seed spread" in quickstart.two_sentences(
         summary[:1], {"analyses": {}}, {})
+
+
+def test_quickstart_resumes_only_runs_of_its_own_recipe(tmp_path):
+    quickstart = load_script("quickstart.py")
+    args = quickstart.argparse.Namespace(split="simple", gen_subset="test", lr=3e-3,
+                                         max_tokens=2048, max_update=3000, warmup=200,
+                                         validate_every=500, resume=True)
+    run_dir = tmp_path / "transformer_tiny-seed1"
+    run_dir.mkdir()
+    finished = {"arch": "transformer_tiny", "exact_match": 98.5, "recipe": quickstart.recipe(args)}
+    (run_dir / "result.json").write_text(json.dumps(finished))
+    assert quickstart.train_and_evaluate("transformer_tiny", 1, "unused", tmp_path, args) == finished
+    args.lr = 1e-3  # another recipe: an error, not a silently reused number
+    with pytest.raises(quickstart.runs.StepError, match="made with another recipe"):
+        quickstart.train_and_evaluate("transformer_tiny", 1, "unused", tmp_path, args)
