@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run from nothing but Python 3.11 + pip:
-#   bash dev.sh quickstart   # venv + install, then SCAN -> train every seq2seq arch -> table
+#   bash dev.sh quickstart   # venv + install, then SCAN -> transformer, LRF, FC bridge -> table + analysis
 #   bash dev.sh test         # venv + install, then the test suite
 #   bash dev.sh setup        # venv + install only
 # The virtual environment is $VENV (default .venv) and is reused once installed.
@@ -36,7 +36,7 @@ case "${1:-}" in
     test)
         setup
         set +e
-        "$VENV/bin/python" -m pytest -q --durations=15 tests "${@:2}"
+        "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" --durations=15 tests "${@:2}"
         rc=$?
         # pytest exits 5 when it collected no test: that is a failure, not a pass
         [ $rc -eq 5 ] && echo "dev.sh: pytest ran no test" >&2

@@ -24,7 +24,7 @@ setup(
         "subword-nmt",
     ],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "pytest-xdist"],
         "hf": ["transformers"],
         "data": ["jieba"],  # CoGnition: segmenting the raw Chinese cg-test references
         "plot": ["matplotlib"],

@@ -193,8 +193,8 @@ def two_sentences(summary, analysis, committed):
                  + ("so in every model the last decoder layer adds most of the accuracy"
                     if top_heavy else "so the accuracy builds up over the decoder's layers")
                  + "; the other panels show how similar the layers' states are (CKA), how much "
-                 "each sub-layer changes them, and what LRF's fusion and the bridge learned to "
-                 "mix (docs/analysis.md explains each panel).")
+                 "each sub-layer changes the residual stream, and how focused each decoder "
+                 "layer's cross-attention is (docs/analysis.md explains each panel).")
     return text
 
 
