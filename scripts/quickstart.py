@@ -72,7 +72,7 @@ def train_and_evaluate(arch, seed, data, out_dir, args):
         if done.get("recipe") != recipe(args):
             raise runs.StepError(f"--resume: {run_dir} was made with another recipe "
                                  f"({done.get('recipe')}); use another --out-dir")
-        return done
+        return dict(done, resumed=True)
     result = runs.train_generate_score(
         run_dir, data, seed,
         ["--arch", arch, *SIZE_FLAGS,
@@ -129,7 +129,10 @@ def markdown(results, summary, committed, args, wall_seconds):
             f"updates x {args.max_tokens} tokens, Adam lr {args.lr} (warm-up {args.warmup}, "
             "then linear decay to 0), tiny presets with "
             f"`{' '.join(SIZE_FLAGS)}`, seed{'s' if len(seeds) > 1 else ''} "
-            f"{','.join(map(str, seeds))}; {wall_seconds / 60:.1f} minutes in all (CPU)")
+            f"{','.join(map(str, seeds))}; {wall_seconds / 60:.1f} minutes in all (CPU)"
+            + (f", {resumed} of {len(results)} runs resumed from an earlier invocation (their "
+               "seconds are their own)" if (resumed := sum(r.get("resumed", False)
+                                                           for r in results)) else ""))
     lines = [head, ""]
     if len(seeds) > 1:
         lines += ["| arch | exact match % (mean ± sample std) | per seed | final validation % "
@@ -169,7 +172,6 @@ def two_sentences(summary, analysis, committed):
     """What the table and the figure show, from this run's numbers (docs/quickstart.md)."""
     learned = [s for s in summary if s["mean"] is not None and s["mean"] >= LEARNED]
     low = [s for s in summary if s not in learned]
-    spread = [c["std"] for c in committed.values() if c.get("std") is not None]
     text = (f"Table: {len(learned)} of {len(summary)} models learned SCAN {{split}} (test exact "
             f"match {span([s['mean'] for s in learned], 1)}%"
             if learned else f"Table: none of the {len(summary)} models reached {LEARNED:.0f}% "
@@ -177,10 +179,20 @@ def two_sentences(summary, analysis, committed):
     if low and learned:
         text += "; below " + f"{LEARNED:.0f}%: " + ", ".join(
             f"{s['arch']} {s['mean']:.1f}%" for s in low)
-    text += (f"), and with a seed spread of up to {max(spread):.1f} points (committed 3-seed "
-             "runs) differences of a point or two between them are noise, not a ranking."
-             if spread else "); one seed per row cannot separate rows closer than the seed "
-             "spread (run --seeds 1,2,3).")
+    own = [s["std"] for s in summary if len(s.get("values", ())) > 1]
+    spread = own or [c["std"] for c in committed.values() if c.get("std") is not None]
+    if spread:
+        limit = 2 * max(spread)
+        means = sorted((s["mean"], s["arch"]) for s in summary)
+        gap = means[-1][0] - means[0][0]
+        text += (f"), and with a seed spread (sample std) of up to {max(spread):.1f} points "
+                 f"({'this run' if own else 'the committed 3-seed runs'}) differences below "
+                 f"about {limit:.1f} points are not a ranking"
+                 + (": the rows are not told apart." if gap < limit or len(means) < 2 else
+                    f"; {means[-1][1]} and {means[0][1]} are {gap:.1f} points apart."))
+    else:
+        text += ("); one seed per row cannot separate rows closer than the seed spread (run "
+                 "--seeds 1,2,3).")
     lens = {label: a["logit_lens"]["accuracy"] for label, a in analysis["analyses"].items()
             if a.get("logit_lens")}
     if lens:

@@ -186,8 +186,14 @@ def test_quickstart_sentences_follow_the_numbers():
                              "b": {"logit_lens": {"accuracy": [10.0, 45.0, 98.0]}}}}
     text = quickstart.two_sentences(summary, analysis, committed)
     assert text.startswith("Table: 2 of 3 models learned SCAN {split} (test exact match "
-                           "97.2-98.6%; below 95%: c 60.0%), and with a seed spread of up to "
-                           "1.1 points")
+                           "97.2-98.6%; below 95%: c 60.0%), and with a seed spread (sample std) "
+                           "of up to 1.1 points (the committed 3-seed runs) differences below "
+                           "about 2.2 points are not a ranking; a and c are 38.6 points apart.")
+    # a multi-seed run judges by its own spread
+    close = [{"arch": "a", "mean": 98.5, "values": [98.6, 98.1, 98.7], "std": 0.3},
+             {"arch": "b", "mean": 96.2, "values": [96.5, 94.7, 97.4], "std": 1.4}]
+    assert ("up to 1.4 points (this run) differences below about 2.8 points are not a ranking: "
+            "the rows are not told apart.") in quickstart.two_sentences(close, analysis, committed)
     assert "first layer predicts 40-45% of the test tokens and its last 98-99%" in text
     assert "the last decoder layer adds most of the accuracy" in text
     analysis["analyses"]["a"]["logit_lens"]["accuracy"][-1] = 99.8
