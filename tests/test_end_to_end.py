@@ -216,7 +216,8 @@ def test_quickstart_resumes_only_runs_of_its_own_recipe(tmp_path):
     run_dir.mkdir()
     finished = {"arch": "transformer_tiny", "exact_match": 98.5, "recipe": quickstart.recipe(args)}
     (run_dir / "result.json").write_text(json.dumps(finished))
-    assert quickstart.train_and_evaluate("transformer_tiny", 1, "unused", tmp_path, args) == finished
+    resumed = quickstart.train_and_evaluate("transformer_tiny", 1, "unused", tmp_path, args)
+    assert resumed == dict(finished, resumed=True)  # marked, so that the table says so
     args.lr = 1e-3  # another recipe: an error, not a silently reused number
     with pytest.raises(quickstart.runs.StepError, match="made with another recipe"):
         quickstart.train_and_evaluate("transformer_tiny", 1, "unused", tmp_path, args)
