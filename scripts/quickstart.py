@@ -124,6 +124,7 @@ def summarise(results, archs):
 
 def markdown(results, summary, committed, args, wall_seconds):
     seeds = sorted({r["seed"] for r in results})
+    resumed = sum(r.get("resumed", False) for r in results)
     head = (f"SCAN `{args.split}` {args.gen_subset}, greedy, best checkpoint by greedy "
             f"validation exact match (every {args.validate_every} updates); {args.max_update} "
             f"updates x {args.max_tokens} tokens, Adam lr {args.lr} (warm-up {args.warmup}, "
@@ -131,8 +132,7 @@ def markdown(results, summary, committed, args, wall_seconds):
             f"`{' '.join(SIZE_FLAGS)}`, seed{'s' if len(seeds) > 1 else ''} "
             f"{','.join(map(str, seeds))}; {wall_seconds / 60:.1f} minutes in all (CPU)"
             + (f", {resumed} of {len(results)} runs resumed from an earlier invocation (their "
-               "seconds are their own)" if (resumed := sum(r.get("resumed", False)
-                                                           for r in results)) else ""))
+               "seconds are their own)" if resumed else ""))
     lines = [head, ""]
     if len(seeds) > 1:
         lines += ["| arch | exact match % (mean ± sample std) | per seed | final validation % "
