@@ -6,16 +6,21 @@
     python scripts/compare_seeds.py --data data-bin/multi30k --metric bleu \\
         --spm data/multi30k/spm.model --ref data/multi30k/test.raw.en ...
 
-Every run goes through the real CLIs (fairseq-train --user-dir, fairseq-generate) with the
-optimisation recipe ``layerlab.recipes.adam_inverse_sqrt`` (Adam, inverse-sqrt schedule, 200 warm-up updates, dropout 0
-unless ``--train-args`` says otherwise). Finished runs (a ``result.json`` in their directory) are
-not repeated when the command is run again. Writes ``results.json`` and ``results.md`` (mean,
-sample standard deviation and every seed's value per architecture; each row's difference to
-``--baseline`` with a 95% interval from a bootstrap over test sentences and seeds together, see
-layerlab/significance.py; training time relative to the baseline's) and ``results.png`` (bars
-with the seed spread).
+Every run goes through the real CLIs (fairseq-train --user-dir, fairseq-generate) with one of
+two optimisation recipes (``layerlab.recipes``): ``--recipe inverse_sqrt`` (default; Adam,
+inverse-sqrt schedule, no validation, the last checkpoint) or ``--recipe linear_decay`` (the
+quickstart's: Adam, learning rate decayed linearly to 0 at ``--max-update``, greedy validation
+exact match every ``--validate-every`` updates, the best checkpoint), dropout 0 unless
+``--train-args`` says otherwise. ``--jobs N`` trains N runs at a time with one CPU thread each.
+Finished runs (a ``result.json`` in their directory, with the flags they were made with) are
+not repeated when the command is run again; a finished run made with other flags is an error,
+not a reused number. Writes ``results.json`` and ``results.md`` (mean, sample standard deviation
+and every seed's value per architecture; each row's difference to ``--baseline`` with a 95%
+interval from a bootstrap over test sentences and seeds together, see layerlab/significance.py;
+training time relative to the baseline's) and ``results.png`` (bars with the seed spread).
 """
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -26,16 +31,36 @@ import sys
 from layerlab import figures, recipes, runs, significance, stats
 
 
-def run_one(arch, seed, args):
+def recipe(arch, args):
+    """Everything that makes a run's number: its fairseq-train and fairseq-generate flags and the
+    checkpoint it generates with (stored in ``result.json``; resuming needs the same)."""
     spm = ["--bpe", "sentencepiece", "--sentencepiece-model", args.spm] if args.spm else []
+    if args.recipe == "linear_decay":
+        flags = recipes.linear_decay_exact_match(
+            args.lr, args.max_tokens, args.max_update, args.validate_every, warmup=args.warmup,
+            max_output_len=args.max_len_b)
+        checkpoint = "checkpoint_best.pt"
+    else:
+        flags = recipes.adam_inverse_sqrt(args.lr, args.max_tokens, args.max_update,
+                                          warmup=args.warmup)
+        checkpoint = "checkpoint_last.pt"
+    return {"train": ["--arch", arch, *flags, *shlex.split(args.train_args)],
+            "generate": ["--beam", str(args.beam), "--batch-size", "128",
+                         "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
+                         *spm],
+            "subset": args.gen_subset, "checkpoint": checkpoint}
+
+
+def run_one(arch, seed, args):
+    run_dir = os.path.join(args.out_dir, f"{arch}-seed{seed}")
+    made = recipe(arch, args)
+    done = runs.load_result(run_dir)
+    if done is not None and done.get("recipe") != made:
+        raise runs.StepError(f"{run_dir} is a finished run made with other flags "
+                             f"({done.get('recipe', 'not recorded')}); use another --out-dir")
     return runs.train_generate_score(
-        os.path.join(args.out_dir, f"{arch}-seed{seed}"), args.data, seed,
-        ["--arch", arch, *recipes.adam_inverse_sqrt(args.lr, args.max_tokens, args.max_update),
-         *shlex.split(args.train_args)],
-        args.gen_subset,
-        ["--beam", "5", "--batch-size", "128", "--max-len-a", str(args.max_len_a),
-         "--max-len-b", str(args.max_len_b), *spm],
-        args.metric, ref=args.ref, info={"arch": arch})
+        run_dir, args.data, seed, made["train"], args.gen_subset, made["generate"], args.metric,
+        ref=args.ref, info={"arch": arch, "recipe": made}, checkpoint=made["checkpoint"])
 
 
 def compare_to_baseline(summary, rows, args):
@@ -60,8 +85,12 @@ def compare_to_baseline(summary, rows, args):
 
 def markdown(summary, args):
     name = "exact match %" if args.metric == "exact_match" else "BLEU"
+    schedule = ("linear decay to 0, best checkpoint by greedy valid exact match every "
+                f"{args.validate_every} updates" if args.recipe == "linear_decay" else
+                "inverse-sqrt schedule, last checkpoint")
     lines = [f"`{args.data}` {args.gen_subset}, {args.max_update} updates x {args.max_tokens} "
-             f"tokens, lr {args.lr}, beam 5, seeds {args.seeds}"
+             f"tokens, lr {args.lr} ({args.warmup} warm-up updates, {schedule}), "
+             f"{'greedy' if args.beam == 1 else f'beam {args.beam}'}, seeds {args.seeds}"
              + (f", extra train flags `{args.train_args}`" if args.train_args else ""), "",
              f"| arch | {name} mean | std | per seed | vs {args.baseline} [95% interval] | "
              "beyond noise | final train loss (bits/token) | params | train time ratio |",
@@ -79,7 +108,9 @@ def markdown(summary, args):
                   "(the same for every run) and, per row, the seeds, with replacement "
                   "(layerlab/significance.py); \"beyond noise\": the interval excludes 0. "
                   "Training time: mean seconds per run over the baseline's, on this machine as "
-                  "it was (not a benchmark)."]
+                  "it was (not a benchmark; scripts/bench/ measures speed)"
+                  + (f", {args.jobs} runs at a time with one thread each." if args.jobs > 1
+                     else ".")]
     return "\n".join(lines)
 
 
@@ -95,6 +126,15 @@ def main(argv=None):
     p.add_argument("--max-update", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--recipe", choices=("inverse_sqrt", "linear_decay"), default="inverse_sqrt",
+                   help="optimisation recipe (layerlab/recipes.py); linear_decay validates by "
+                        "exact match and needs --metric exact_match")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up updates")
+    p.add_argument("--validate-every", type=int,
+                   help="--recipe linear_decay: updates between validations (default 500)")
+    p.add_argument("--beam", type=int, default=5, help="fairseq-generate --beam (1: greedy)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at the same time; more than 1: one CPU thread each")
     p.add_argument("--max-len-a", type=float, default=1.2,
                    help="fairseq-generate --max-len-a (SCAN: 0, its outputs are up to 48 tokens)")
     p.add_argument("--max-len-b", type=int, default=10, help="fairseq-generate --max-len-b "
@@ -111,6 +151,15 @@ def main(argv=None):
     args.baseline = args.baseline or archs[0]
     if args.baseline not in archs:
         p.error(f"--baseline {args.baseline} is not one of --archs")
+    if args.recipe == "linear_decay":
+        if args.metric != "exact_match":
+            p.error("--recipe linear_decay validates by exact match: it needs --metric "
+                    "exact_match")
+        args.validate_every = args.validate_every or 500
+    elif args.validate_every is not None:
+        p.error("--validate-every needs --recipe linear_decay (inverse_sqrt does not validate)")
+    if args.jobs < 1 or args.beam < 1:
+        p.error("--jobs and --beam must be at least 1")
     if not os.path.isdir(args.data):
         p.error(f"--data {args.data} is not a directory (prepare it with scripts/prepare/)")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -120,15 +169,25 @@ def main(argv=None):
                         *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     provenance = {"command": command, "package_version": runs.package_version(),
                   "date": datetime.date.today().isoformat()}
-    rows = []
-    for arch in archs:
-        for seed in seeds:
-            print(f"[compare] {arch} seed {seed} ...", flush=True)
+    todo = [(arch, seed) for arch in archs for seed in seeds]
+    if args.jobs > 1:
+        # parallel runs share the cores: one thread each, as the quickstart does
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    done = {}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_one, arch, seed, args): (arch, seed) for arch, seed in todo}
+        print(f"[compare] {len(todo)} runs, {args.jobs} at a time ...", flush=True)
+        for future in concurrent.futures.as_completed(futures):
+            arch, seed = futures[future]
             try:
-                rows.append(run_one(arch, seed, args))
+                done[arch, seed] = future.result()
             except runs.StepError as e:
+                for other in futures:
+                    other.cancel()
                 raise SystemExit(f"compare_seeds: {e}") from None
-            print(f"          {args.metric} {rows[-1][args.metric]}", flush=True)
+            print(f"[compare] {arch} seed {seed}: {args.metric} "
+                  f"{done[arch, seed][args.metric]}", flush=True)
+    rows = [done[key] for key in todo]
     summary = stats.summarise(rows, args.metric)
     compare_to_baseline(summary, rows, args)
     table = markdown(summary, args)

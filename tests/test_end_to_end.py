@@ -176,6 +176,47 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 0 and log.stat().st_mtime == stamp  # finished runs not repeated
     assert "| transformer_tiny |" in (tmp_path / "cmp" / "results.md").read_text()
+    # the same folder with other flags: an error naming the run, not its old number reused
+    proc = subprocess.run(list(map(str, cmd + ["--lr", "1e-3"])), capture_output=True, text=True,
+                          env=cli_env(), cwd=tmp_path)
+    assert proc.returncode != 0 and "made with other flags" in proc.stderr
+    assert log.stat().st_mtime == stamp
+
+
+def test_compare_seeds_linear_decay_recipe_in_parallel(scan_bin, tmp_path):
+    cmd = [sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"), "--data", scan_bin / "bin",
+           "--archs", "transformer_tiny", "--seeds", "1,2", "--max-update", "4",
+           "--recipe", "linear_decay", "--validate-every", "2", "--warmup", "1", "--beam", "1",
+           "--jobs", "2", "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "64",
+           "--bootstrap", "0", "--out-dir", "cmp"]
+    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=cli_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert [r["seed"] for r in report["runs"]] == [1, 2]
+    for r in report["runs"]:
+        assert r["checkpoint"].endswith("checkpoint_best.pt") and os.path.exists(
+            tmp_path / r["checkpoint"])
+        train = r["recipe"]["train"]
+        assert train[train.index("--lr-scheduler") + 1] == "polynomial_decay"
+        assert r["recipe"]["generate"][:2] == ["--beam", "1"]
+        log = (tmp_path / "cmp" / f"transformer_tiny-seed{r['seed']}" / "train.log").read_text()
+        assert "valid_exact_match" in log  # validated during training
+    assert "linear decay to 0, best checkpoint" in (tmp_path / "cmp" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--recipe", "linear_decay", "--metric", "bleu"], "needs --metric exact_match"),
+    (["--validate-every", "100"], "--validate-every needs --recipe linear_decay"),
+    (["--jobs", "0"], "must be at least 1"),
+])
+def test_compare_seeds_rejects_impossible_options(tmp_path, flags, message):
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"),
+                           "--data", str(tmp_path), "--archs", "transformer_tiny",
+                           "--out-dir", str(tmp_path / "cmp"), *flags],
+                          capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not (tmp_path / "cmp").exists()
 
 
 def test_quickstart_sentences_follow_the_numbers():

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The comparison of the cross-layer methods (docs/ideas/comparison.md): fairseq's transformer, LRF
 # (encoder, decoder, both), DWA (both), the FC bridge (original init) and transparent attention,
-# tiny sizes, the same budget per row, 3 seeds, on SCAN simple (exact match) and Multi30k De-En
-# (BLEU). Resumable: finished runs (result.json) are skipped when it is run again.
+# tiny sizes, the same budget per row, 3 seeds, on SCAN simple (exact match; a short budget and
+# the quickstart's converged recipe) and Multi30k De-En (BLEU). Resumable: finished runs
+# (result.json) are skipped when it is run again.
 #   [SEEDS=1,2,3] [MULTI30K_FROM=DIR] bash scripts/experiments/cross_layer_methods.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/cross-layer)
-# About 1.5 hours on an idle 2-core CPU. Copies the tables and figures to results/.
+# About 2.5 hours on an idle 2-core CPU. Copies the tables and figures to results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/cross-layer}
@@ -18,6 +19,16 @@ python scripts/compare_seeds.py --data data-bin/scan-simple --archs "$ARCHS" --s
 cp "$OUT/scan/results.md" results/cross_layer_scan_cpu.md
 cp "$OUT/scan/results.json" results/cross_layer_scan_cpu.json
 cp "$OUT/scan/results.png" results/cross_layer_scan_cpu.png
+
+# SCAN simple with the quickstart's recipe (scripts/quickstart.py, docs/quickstart.md): FFN 256,
+# 3,000 updates of 2,048 tokens, linear decay to 0, best checkpoint by valid exact match, greedy
+python scripts/compare_seeds.py --data data-bin/scan-simple --archs "$ARCHS" --seeds "$SEEDS" \
+    --recipe linear_decay --max-update 3000 --max-tokens 2048 --lr 3e-3 --validate-every 500 \
+    --beam 1 --train-args "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256" --jobs 2 \
+    --max-len-a 0 --max-len-b 64 --out-dir "$OUT/scan-converged"
+for ext in md json png; do
+    cp "$OUT/scan-converged/results.$ext" "results/cross_layer_scan_converged_cpu.$ext"
+done
 
 # MULTI30K_FROM: a folder with the release files (scripts/prepare/multi30k.py --from); else download
 python scripts/prepare/multi30k.py ${MULTI30K_FROM:+--from "$MULTI30K_FROM"}
