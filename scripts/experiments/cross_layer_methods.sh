@@ -20,6 +20,15 @@ cp "$OUT/scan/results.md" results/cross_layer_scan_cpu.md
 cp "$OUT/scan/results.json" results/cross_layer_scan_cpu.json
 cp "$OUT/scan/results.png" results/cross_layer_scan_cpu.png
 
+# MULTI30K_FROM: a folder with the release files (scripts/prepare/multi30k.py --from); else download
+python scripts/prepare/multi30k.py ${MULTI30K_FROM:+--from "$MULTI30K_FROM"}
+python scripts/compare_seeds.py --data data-bin/multi30k --archs "$ARCHS" --seeds "$SEEDS" \
+    --metric bleu --spm data/multi30k/spm.model --ref data/multi30k/test.raw.en \
+    --max-update 600 --max-tokens 4096 --lr 2e-3 --jobs 2 --out-dir "$OUT/multi30k"
+cp "$OUT/multi30k/results.md" results/cross_layer_multi30k_cpu.md
+cp "$OUT/multi30k/results.json" results/cross_layer_multi30k_cpu.json
+cp "$OUT/multi30k/results.png" results/cross_layer_multi30k_cpu.png
+
 # SCAN simple with the quickstart's recipe (scripts/quickstart.py, docs/quickstart.md): FFN 256,
 # 3,000 updates of 2,048 tokens, linear decay to 0, best checkpoint by valid exact match, greedy
 python scripts/compare_seeds.py --data data-bin/scan-simple --archs "$ARCHS" --seeds "$SEEDS" \
@@ -29,12 +38,3 @@ python scripts/compare_seeds.py --data data-bin/scan-simple --archs "$ARCHS" --s
 for ext in md json png; do
     cp "$OUT/scan-converged/results.$ext" "results/cross_layer_scan_converged_cpu.$ext"
 done
-
-# MULTI30K_FROM: a folder with the release files (scripts/prepare/multi30k.py --from); else download
-python scripts/prepare/multi30k.py ${MULTI30K_FROM:+--from "$MULTI30K_FROM"}
-python scripts/compare_seeds.py --data data-bin/multi30k --archs "$ARCHS" --seeds "$SEEDS" \
-    --metric bleu --spm data/multi30k/spm.model --ref data/multi30k/test.raw.en \
-    --max-update 600 --max-tokens 4096 --lr 2e-3 --out-dir "$OUT/multi30k"
-cp "$OUT/multi30k/results.md" results/cross_layer_multi30k_cpu.md
-cp "$OUT/multi30k/results.json" results/cross_layer_multi30k_cpu.json
-cp "$OUT/multi30k/results.png" results/cross_layer_multi30k_cpu.png
