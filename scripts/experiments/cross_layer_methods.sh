@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The comparison of the cross-layer methods (docs/ideas/comparison.md): fairseq's transformer, LRF
 # (encoder, decoder, both), DWA (both), the FC bridge (original init) and transparent attention,
-# tiny sizes, the same budget per row, 3 seeds, on SCAN simple (exact match; a short budget and
-# the quickstart's converged recipe) and Multi30k De-En (BLEU). Resumable: finished runs
-# (result.json) are skipped when it is run again.
+# tiny sizes, the same budget per row, 3 seeds, on SCAN simple (exact match) and Multi30k De-En
+# (BLEU). Resumable: finished runs (result.json) are skipped when it is run again.
 #   [SEEDS=1,2,3] [MULTI30K_FROM=DIR] bash scripts/experiments/cross_layer_methods.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/cross-layer)
 # About 2.5 hours on an idle 2-core CPU. Copies the tables and figures to results/.
@@ -29,12 +28,3 @@ cp "$OUT/multi30k/results.md" results/cross_layer_multi30k_cpu.md
 cp "$OUT/multi30k/results.json" results/cross_layer_multi30k_cpu.json
 cp "$OUT/multi30k/results.png" results/cross_layer_multi30k_cpu.png
 
-# SCAN simple with the quickstart's recipe (scripts/quickstart.py, docs/quickstart.md): FFN 256,
-# 3,000 updates of 2,048 tokens, linear decay to 0, best checkpoint by valid exact match, greedy
-python scripts/compare_seeds.py --data data-bin/scan-simple --archs "$ARCHS" --seeds "$SEEDS" \
-    --recipe linear_decay --max-update 3000 --max-tokens 2048 --lr 3e-3 --validate-every 500 \
-    --beam 1 --train-args "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256" --jobs 2 \
-    --max-len-a 0 --max-len-b 64 --out-dir "$OUT/scan-converged"
-for ext in md json png; do
-    cp "$OUT/scan-converged/results.$ext" "results/cross_layer_scan_converged_cpu.$ext"
-done
