@@ -5,7 +5,7 @@
 # (BLEU). Resumable: finished runs (result.json) are skipped when it is run again.
 #   [SEEDS=1,2,3] [MULTI30K_FROM=DIR] bash scripts/experiments/cross_layer_methods.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/cross-layer)
-# About 2.5 hours on an idle 2-core CPU. Copies the tables and figures to results/.
+# About 2 hours on an idle 2-core CPU (Multi30k: 77 minutes, two runs at a time). Copies the tables and figures to results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/cross-layer}
