@@ -4,8 +4,8 @@ import json
 
 def adam_inverse_sqrt(lr, max_tokens, max_update, warmup=200):
     """fairseq-train flags: translation task, Adam (0.9, 0.98), inverse-sqrt schedule with
-    ``warmup`` warm-up updates, no dropout, cross-entropy, no validation, last checkpoint only, a JSON
-    record every 100 updates."""
+    ``warmup`` warm-up updates, no dropout, cross-entropy, no validation, last checkpoint only, a
+    JSON record every 100 updates."""
     return ["--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
             "--lr", str(lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup),
             "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(max_tokens),

@@ -6,6 +6,7 @@ A run lives in its own directory (``train.log``, checkpoints, ``generate-<subset
 unfinished run starts again from scratch (fairseq-train would otherwise resume from its
 ``checkpoint_last.pt`` and train a different number of updates).
 """
+import concurrent.futures
 import json
 import os
 import shlex
@@ -67,13 +68,35 @@ def run_scorer(cmd):
     return json.loads(proc.stdout)
 
 
-def load_result(run_dir):
-    """The finished run's result, or None (no ``result.json``: not finished)."""
+def load_result(run_dir, recipe=None):
+    """The finished run's result, or None (no ``result.json``: not finished). With ``recipe``
+    (what makes the run's number, stored under ``"recipe"`` in its result), a finished run made
+    with another recipe raises :class:`StepError` instead of lending its number to this one."""
     path = os.path.join(run_dir, "result.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        done = json.load(f)
+    if recipe is not None and done.get("recipe") != recipe:
+        raise StepError(f"{run_dir} is a finished run made with another recipe "
+                        f"({done.get('recipe', 'not recorded')}); use another --out-dir")
+    return done
+
+
+def in_parallel(function, tasks, jobs):
+    """``function(*task)`` for every task, ``jobs`` at a time (threads: each task's work runs in
+    subprocesses) -> yields ``(task, result)`` as they finish. A :class:`StepError` cancels the
+    tasks not started yet and is raised once the running ones have ended."""
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(function, *task): task for task in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                result = future.result()
+            except StepError:
+                for other in futures:
+                    other.cancel()
+                raise
+            yield futures[future], result
 
 
 def save_result(run_dir, result):

@@ -20,7 +20,6 @@ interval from a bootstrap over test sentences and seeds together, see layerlab/s
 training time relative to the baseline's) and ``results.png`` (bars with the seed spread).
 """
 import argparse
-import concurrent.futures
 import datetime
 import json
 import os
@@ -54,13 +53,13 @@ def recipe(arch, args):
 def run_one(arch, seed, args):
     run_dir = os.path.join(args.out_dir, f"{arch}-seed{seed}")
     made = recipe(arch, args)
-    done = runs.load_result(run_dir)
-    if done is not None and done.get("recipe") != made:
-        raise runs.StepError(f"{run_dir} is a finished run made with other flags "
-                             f"({done.get('recipe', 'not recorded')}); use another --out-dir")
+    done = runs.load_result(run_dir, made)
+    if done is not None:
+        return done
     return runs.train_generate_score(
         run_dir, args.data, seed, made["train"], args.gen_subset, made["generate"], args.metric,
-        ref=args.ref, info={"arch": arch, "recipe": made}, checkpoint=made["checkpoint"])
+        ref=args.ref, resume=False, info={"arch": arch, "recipe": made},
+        checkpoint=made["checkpoint"])
 
 
 def compare_to_baseline(summary, rows, args):
@@ -173,20 +172,16 @@ def main(argv=None):
     if args.jobs > 1:
         # parallel runs share the cores: one thread each, as the quickstart does
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    print(f"[compare] {len(todo)} runs, {args.jobs} at a time ...", flush=True)
     done = {}
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_one, arch, seed, args): (arch, seed) for arch, seed in todo}
-        print(f"[compare] {len(todo)} runs, {args.jobs} at a time ...", flush=True)
-        for future in concurrent.futures.as_completed(futures):
-            arch, seed = futures[future]
-            try:
-                done[arch, seed] = future.result()
-            except runs.StepError as e:
-                for other in futures:
-                    other.cancel()
-                raise SystemExit(f"compare_seeds: {e}") from None
-            print(f"[compare] {arch} seed {seed}: {args.metric} "
-                  f"{done[arch, seed][args.metric]}", flush=True)
+    try:
+        for (arch, seed, _), result in runs.in_parallel(
+                run_one, [(arch, seed, args) for arch, seed in todo], args.jobs):
+            done[arch, seed] = result
+            print(f"[compare] {arch} seed {seed}: {args.metric} {result[args.metric]}",
+                  flush=True)
+    except runs.StepError as e:
+        raise SystemExit(f"compare_seeds: {e}") from None
     rows = [done[key] for key in todo]
     summary = stats.summarise(rows, args.metric)
     compare_to_baseline(summary, rows, args)

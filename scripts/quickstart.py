@@ -15,7 +15,6 @@ values: how the committed copy (results/quickstart_cpu.*) was made. docs/quickst
 measured times and the seed spread.
 """
 import argparse
-import concurrent.futures
 import json
 import logging
 import os
@@ -67,11 +66,8 @@ def train_and_evaluate(arch, seed, data, out_dir, args):
     """One architecture and seed, from scratch (the quickstart measures times), or with
     ``--resume`` the finished run in ``out_dir`` when it was made with the same recipe."""
     run_dir = os.path.join(out_dir, f"{arch}-seed{seed}")
-    done = runs.load_result(run_dir) if args.resume else None
+    done = runs.load_result(run_dir, recipe(args)) if args.resume else None
     if done is not None:
-        if done.get("recipe") != recipe(args):
-            raise runs.StepError(f"--resume: {run_dir} was made with another recipe "
-                                 f"({done.get('recipe')}); use another --out-dir")
         return dict(done, resumed=True)
     result = runs.train_generate_score(
         run_dir, data, seed,
@@ -260,20 +256,17 @@ def main(argv=None):
     # than one run on every core, and a run's numbers do not depend on the machine's core count
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     done = {}
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(train_and_evaluate, arch, seed, data, args.out_dir, args):
-                   (arch, seed) for arch, seed in runs_todo}
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                r = done[futures[future]] = future.result()
-            except runs.StepError as e:
-                for other in futures:
-                    other.cancel()
-                raise SystemExit(f"quickstart: {e}") from None
+    try:
+        for (arch, seed, *_), r in runs.in_parallel(
+                train_and_evaluate,
+                [(arch, seed, data, args.out_dir, args) for arch, seed in runs_todo], jobs):
+            done[arch, seed] = r
             print(f"      ({len(done)}/{len(runs_todo)}) {r['arch']} seed {r['seed']}: exact match "
                   f"{r['exact_match']:.2f}% (validation at the end "
                   f"{r['final_valid_exact_match']:.1f}%; train {r['train_seconds']} s, generate "
                   f"{r['generate_seconds']} s)", flush=True)
+    except runs.StepError as e:
+        raise SystemExit(f"quickstart: {e}") from None
     results = [done[key] for key in runs_todo]
     summary = summarise(results, archs)
     committed = committed_rows(args)

@@ -179,7 +179,7 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
     # the same folder with other flags: an error naming the run, not its old number reused
     proc = subprocess.run(list(map(str, cmd + ["--lr", "1e-3"])), capture_output=True, text=True,
                           env=cli_env(), cwd=tmp_path)
-    assert proc.returncode != 0 and "made with other flags" in proc.stderr
+    assert proc.returncode != 0 and "made with another recipe" in proc.stderr
     assert log.stat().st_mtime == stamp
 
 

@@ -57,6 +57,28 @@ def test_results_resume_only_when_finished(tmp_path):
     assert runs.load_result(run_dir) == {"bleu": 1.5}
     runs.fresh_run_dir(run_dir)  # an unfinished run starts from nothing
     assert os.listdir(run_dir) == []
+    # a finished run is reused only for the recipe it was made with
+    runs.save_result(run_dir, {"bleu": 1.5, "recipe": {"lr": 0.002}})
+    assert runs.load_result(run_dir, {"lr": 0.002})["bleu"] == 1.5
+    with pytest.raises(runs.StepError, match="made with another recipe"):
+        runs.load_result(run_dir, {"lr": 0.001})
+
+
+def test_in_parallel_yields_every_task_and_stops_at_a_failed_step():
+    def square(x):
+        return x * x
+    assert sorted(runs.in_parallel(square, [(k,) for k in range(5)], 2)) == [
+        ((k,), k * k) for k in range(5)]
+    started = []
+
+    def step(k):
+        started.append(k)
+        if k == 0:
+            raise runs.StepError("step 0 failed")
+        return k
+    with pytest.raises(runs.StepError, match="step 0 failed"):
+        list(runs.in_parallel(step, [(k,) for k in range(50)], 1))
+    assert started == [0]  # the tasks not started yet were cancelled
 
 
 def test_last_train_loss_falls_back_to_the_epoch_record(tmp_path):

@@ -5,7 +5,8 @@
 # (BLEU). Resumable: finished runs (result.json) are skipped when it is run again.
 #   [SEEDS=1,2,3] [MULTI30K_FROM=DIR] bash scripts/experiments/cross_layer_methods.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/cross-layer)
-# About 2 hours on an idle 2-core CPU (Multi30k: 77 minutes, two runs at a time). Copies the tables and figures to results/.
+# About 2 hours on an idle 2-core CPU (Multi30k: 77 minutes, two runs at a time). Copies the
+# tables and figures to results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/cross-layer}
@@ -27,4 +28,3 @@ python scripts/compare_seeds.py --data data-bin/multi30k --archs "$ARCHS" --seed
 cp "$OUT/multi30k/results.md" results/cross_layer_multi30k_cpu.md
 cp "$OUT/multi30k/results.json" results/cross_layer_multi30k_cpu.json
 cp "$OUT/multi30k/results.png" results/cross_layer_multi30k_cpu.png
-
