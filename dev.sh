@@ -21,7 +21,7 @@ setup() {
     "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
     # fairseq-fixed compiles extensions against the torch installed above: no build isolation
     "$VENV/bin/python" -m pip install -q cython numpy
-    "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,plot,hf,data]"
+    "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,plot,hf,data,tensorboard]"
     # fairseq-fixed pulls in torchaudio, whose newest wheels (2.11) do not load under torch 2.13;
     # fairseq needs it only for speech tasks, but transformers imports it whenever it is installed
     if ! "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1; then

@@ -28,5 +28,8 @@ setup(
         "hf": ["transformers"],
         "data": ["jieba"],  # CoGnition: segmenting the raw Chinese cg-test references
         "plot": ["matplotlib"],
+        # fairseq's --tensorboard-logdir writes through torch.utils.tensorboard (tensorboard);
+        # its text_to_speech task imports tensorboardX at every start and says so when missing
+        "tensorboard": ["tensorboard", "tensorboardX"],
     },
 )

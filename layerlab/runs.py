@@ -143,7 +143,7 @@ def generation(gen_log, ref=None):
     """(hypotheses, references) of a fairseq-generate log in sentence-id order: the D- lines
     (detokenised with --bpe sentencepiece) where the log has them, and ``ref`` (a raw reference
     file) or the log's T- lines."""
-    from layerlab.metrics.generate_log import read_generate_log, read_lines
+    from fairseq_plugins.metrics.generate_log import read_generate_log, read_lines
 
     log = read_generate_log(gen_log)
     return log["hypotheses"], (read_lines(ref) if ref else log["references"])
@@ -152,8 +152,8 @@ def generation(gen_log, ref=None):
 def score_generation(gen_log, metric, ref=None):
     """{metric: value, ...} of a fairseq-generate log: ``exact_match`` (with correct and total)
     or ``bleu`` (against ``ref``, a raw reference file, or the log's T- lines)."""
-    from layerlab.metrics.bleu import corpus_bleu
-    from layerlab.metrics.exact_match import exact_match
+    from fairseq_plugins.metrics.bleu import corpus_bleu
+    from fairseq_plugins.metrics.exact_match import exact_match
 
     hypotheses, references = generation(gen_log, ref if metric == "bleu" else None)
     if metric == "exact_match":

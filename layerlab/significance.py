@@ -24,7 +24,7 @@ def sentence_stats(metric, hypotheses, references):
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if metric == "exact_match":
-        from layerlab.metrics.exact_match import normalise  # the scorer's own matching
+        from fairseq_plugins.metrics.exact_match import normalise  # the scorer's own matching
 
         return np.array([[float(normalise(h) == normalise(r))]
                          for h, r in zip(hypotheses, references)])

@@ -17,8 +17,8 @@ import sys
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from layerlab.metrics.bleu import corpus_bleu  # noqa: E402
-from layerlab.metrics.generate_log import (  # noqa: E402
+from fairseq_plugins.metrics.bleu import corpus_bleu  # noqa: E402
+from fairseq_plugins.metrics.generate_log import (  # noqa: E402
     GenerateLogError,
     add_format_arg,
     read_hypotheses,

@@ -8,7 +8,7 @@ HYP is a fairseq-generate log (re-ordered by sample id; give --required-batch-si
 no sentence is dropped) or a plain file with one translation per line in cg-test order. BPE markers
 ("@@ ") and spaces are removed before matching. Prints instance and aggregate CTER overall and,
 for the full 10,800-line cg-test, per NP / VP / PP. Default: the official tool's definition,
-quirks included; --strict fixes the documented lexicon quirks (see layerlab/metrics/cter.py).
+quirks included; --strict fixes the documented lexicon quirks (see fairseq_plugins/metrics/cter.py).
 """
 import argparse
 import json
@@ -18,8 +18,8 @@ import sys
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from layerlab.metrics.cter import CterInputError, cter, read_lexicon  # noqa: E402
-from layerlab.metrics.generate_log import (  # noqa: E402
+from fairseq_plugins.metrics.cter import CterInputError, cter, read_lexicon  # noqa: E402
+from fairseq_plugins.metrics.generate_log import (  # noqa: E402
     GenerateLogError,
     add_format_arg,
     read_hypotheses,

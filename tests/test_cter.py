@@ -6,7 +6,7 @@ import pytest
 
 from helpers import SCRIPTS, SHARED_DATA
 
-from layerlab.metrics import cter as C
+from fairseq_plugins.metrics import cter as C
 
 LEXICON = """the\t/
 dog\t狗/犬

@@ -10,7 +10,7 @@ import pytest
 from conftest import cli_env, run_cli, train
 from helpers import PLUGIN_DIR, SCRIPTS
 
-from layerlab.metrics.generate_log import read_generate_log
+from fairseq_plugins.metrics.generate_log import read_generate_log
 from layerlab.paths import load_script
 
 

@@ -11,8 +11,8 @@ from helpers import PLUGIN_DIR, SCRIPTS, parse_args
 
 from fairseq import metrics
 from fairseq.data import Dictionary
-from layerlab.metrics.bleu import corpus_bleu
-from layerlab.metrics.exact_match import exact_match
+from fairseq_plugins.metrics.bleu import corpus_bleu
+from fairseq_plugins.metrics.exact_match import exact_match
 
 
 def test_exact_match_overall_and_per_category():

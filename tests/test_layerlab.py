@@ -115,8 +115,8 @@ def test_no_script_edits_the_import_path():
 
 
 def test_sentence_statistics_reproduce_the_corpus_scores():
-    from layerlab.metrics.bleu import corpus_bleu
-    from layerlab.metrics.exact_match import exact_match
+    from fairseq_plugins.metrics.bleu import corpus_bleu
+    from fairseq_plugins.metrics.exact_match import exact_match
     from layerlab import significance
 
     hyps = ["the cat sat on the mat", "a dog  ran", "it is raining today", "we go home"]

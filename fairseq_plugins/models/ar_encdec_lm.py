@@ -16,18 +16,42 @@ with ``--embedding-loss-norms`` (on by default when that criterion asks for an e
 in training the decoder's extra output then carries LN_a(token + position embedding) and
 LN_b(encoder output, detached).
 """
-import argparse
+from dataclasses import dataclass
+from typing import Optional
 
 from torch import nn
 
 from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per_search,
                                  layer_norm, memory_projection, project_memories)
+from ..config import architecture, option
 from ..registry import register_model, register_model_architecture
 from ..criterions import embedding_loss_contract
-from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args
+from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, lm_sizes
 
 MODEL_NAME = "ar_encdec_lm"
 POS_SUBTRACTION = ("none", "yes_no_ln", "yes_ln")
+
+
+@dataclass
+class ArEncDecLMConfig(CausalLMConfig):
+    """The options of ``ar_encdec_lm`` (flags ``--cross-attention-heads`` ...; hydra
+    ``model.cross_attention_heads`` ...), beside those both language models share."""
+    cross_attention_heads: Optional[int] = option(
+        None, "heads of the decoder's causal cross-attention", minimum=1, metavar="H",
+        default_text="the --arch's, else --attention-heads")
+    pos_embed_subtraction: Optional[str] = option(
+        "none", "after the final LayerNorm, subtract the next position's embedding (yes_no_ln; "
+                "yes_ln: then a LayerNorm)", choices=POS_SUBTRACTION)
+    decoder_block_order: Optional[str] = option(
+        "original", "original: self-attention, cross-attention, MLP; alt: cross-attention "
+                    "first", choices=("original", "alt"))
+    ln_before_decoder_input: Optional[bool] = option(
+        False, "LayerNorm on the encoder output before the decoder-input projection")
+    add_pos_embed_to_decoder: Optional[bool] = option(
+        False, "add positions 1..T to the decoder input")
+    embedding_loss_norms: Optional[bool] = option(
+        None, "build the embedding loss's two LayerNorms",
+        default_text="on when --criterion lm_embedding_loss has an --embedding-loss")
 
 
 class ArEncDecDecoder(CausalLMDecoder):
@@ -98,36 +122,26 @@ class ArEncDecDecoder(CausalLMDecoder):
         return x.transpose(0, 1)
 
 
-@register_model(MODEL_NAME)
+@register_model(MODEL_NAME, dataclass=ArEncDecLMConfig)
 class ArEncDecLM(CausalLM):
     decoder_class = ArEncDecDecoder
+    config_class = ArEncDecLMConfig
+    model_name = MODEL_NAME
+    # the reference configuration: d=150, 13 + 13 blocks, 5 self-attention heads (and 10
+    # cross-attention heads: REFERENCE_CROSS_HEADS)
+    reference_sizes = (150, 13, 5)
 
-    @staticmethod
-    def add_args(parser):
-        add_lm_args(parser)
-        parser.add_argument("--cross-attention-heads", type=int, metavar="H",
-                            help="heads of the decoder's causal cross-attention (default: "
-                                 "--attention-heads)")
-        parser.add_argument("--pos-embed-subtraction", choices=POS_SUBTRACTION,
-                            help="after the final LayerNorm, subtract the next position's "
-                                 "embedding (yes_no_ln; yes_ln: then a LayerNorm) (default: none)")
-        parser.add_argument("--decoder-block-order", choices=("original", "alt"),
-                            help="original: self-attention, cross-attention, MLP; alt: "
-                                 "cross-attention first (default: original)")
-        parser.add_argument("--ln-before-decoder-input", action=argparse.BooleanOptionalAction,
-                            help="LayerNorm on the encoder output before the decoder-input "
-                                 "projection (default: off)")
-        parser.add_argument("--add-pos-embed-to-decoder", action=argparse.BooleanOptionalAction,
-                            help="add positions 1..T to the decoder input (default: off)")
-        parser.add_argument("--embedding-loss-norms", action=argparse.BooleanOptionalAction,
-                            help="build the embedding loss's two LayerNorms (default: on when "
-                                 "--criterion lm_embedding_loss has an --embedding-loss)")
+    @classmethod
+    def base_architecture(cls, args):
+        args.cross_attention_heads = getattr(args, "cross_attention_heads",
+                                             REFERENCE_CROSS_HEADS)
+        super().base_architecture(args)
 
     @classmethod
     def validate(cls, args):
         if args.cross_attention_heads is None:
             args.cross_attention_heads = args.attention_heads
-        if args.cross_attention_heads < 1 or args.embed_dim % args.cross_attention_heads:
+        if args.embed_dim % args.cross_attention_heads:
             raise ValueError(f"--cross-attention-heads={args.cross_attention_heads} must divide "
                              f"--embed-dim={args.embed_dim}")
         requested = embedding_loss_contract.requested(args)
@@ -138,25 +152,18 @@ class ArEncDecLM(CausalLM):
                              "drop --no-embedding-loss-norms")
 
 
-def ar_encdec_defaults(args, embed_dim=150, layers=13, heads=5, cross_heads=10):
-    base_lm_args(args, embed_dim, layers, heads)
-    args.cross_attention_heads = getattr(args, "cross_attention_heads", cross_heads)
-    args.pos_embed_subtraction = getattr(args, "pos_embed_subtraction", "none")
-    args.decoder_block_order = getattr(args, "decoder_block_order", "original")
-    args.ln_before_decoder_input = getattr(args, "ln_before_decoder_input", False)
-    args.add_pos_embed_to_decoder = getattr(args, "add_pos_embed_to_decoder", False)
-    args.embedding_loss_norms = getattr(args, "embedding_loss_norms", None)
+REFERENCE_CROSS_HEADS = 10
 
 
-def _preset(name, **sizes):
+def _preset(name, embed_dim, layers, heads, cross_heads):
     def arch(args):
-        ar_encdec_defaults(args, **sizes)
+        lm_sizes(args, embed_dim, layers, heads)
+        args.cross_attention_heads = getattr(args, "cross_attention_heads", cross_heads)
 
     arch.__name__ = arch.__qualname__ = name
-    return register_model_architecture(MODEL_NAME, name)(arch)
+    return register_model_architecture(MODEL_NAME, name)(architecture(arch))
 
 
-ArEncDecLM.arch_defaults = staticmethod(_preset(MODEL_NAME))
-# the reference configuration: d=150, 13 + 13 blocks, 5 self-attention / 10 cross-attention heads
-_preset("ar_encdec_lm_yif")
+# --arch ar_encdec_lm is registered by register_model (its sizes: reference_sizes above)
+_preset("ar_encdec_lm_yif", *ArEncDecLM.reference_sizes, REFERENCE_CROSS_HEADS)
 _preset("ar_encdec_lm_tiny", embed_dim=32, layers=2, heads=4, cross_heads=4)

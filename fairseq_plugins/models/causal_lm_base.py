@@ -8,9 +8,10 @@ Conventions of the reference: learned absolute positions, no embedding scaling, 
 the token embedding without bias, init N(0, 0.02) with residual projections at
 0.02 / sqrt(2 L), optionally no bias anywhere (``--no-bias``).
 """
-import argparse
 import logging
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,44 +19,53 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
+from .. import config, weight_logging
+from ..config import from_config, option
 from ..modules.lm_blocks import layer_norm
 from ..modules import precision
 
 logger = logging.getLogger(__name__)
 
 
-def add_lm_args(parser):
-    parser.add_argument("--embed-dim", type=int, metavar="D", help="model width d")
-    parser.add_argument("--layers", type=int, metavar="L", help="number of blocks (ar_encdec_lm: "
-                        "L encoder blocks and L decoder blocks)")
-    parser.add_argument("--attention-heads", type=int, metavar="H",
-                        help="(self-)attention heads; must divide --embed-dim")
-    parser.add_argument("--ffn-embed-dim", type=int, metavar="N",
-                        help="MLP hidden size (default: 4 x --embed-dim)")
-    parser.add_argument("--dropout", type=float, metavar="P",
-                        help="dropout on embeddings, attention weights and residual branches")
-    parser.add_argument("--bias", action=argparse.BooleanOptionalAction,
-                        help="biases in Linear layers and LayerNorms (--no-bias: none, as the "
-                             "reference's use_bias=false)")
-    parser.add_argument("--max-target-positions", type=int, metavar="N",
-                        help="context size: the positional table's length (default: "
-                             "--tokens-per-sample)")
+@dataclass
+class CausalLMConfig(weight_logging.WeightLoggingConfig):
+    """The options both language models share (flags ``--embed-dim`` ...; hydra
+    ``model.embed_dim`` ...). The sizes' defaults are the architecture's (``--arch``)."""
+    embed_dim: Optional[int] = option(None, "model width d", minimum=1, metavar="D",
+                                      default_text="the --arch's")
+    layers: Optional[int] = option(None, "number of blocks (ar_encdec_lm: L encoder blocks and "
+                                         "L decoder blocks)", minimum=1, metavar="L",
+                                   default_text="the --arch's")
+    attention_heads: Optional[int] = option(None, "(self-)attention heads; must divide "
+                                                  "--embed-dim", minimum=1, metavar="H",
+                                            default_text="the --arch's")
+    ffn_embed_dim: Optional[int] = option(None, "MLP hidden size", minimum=1, metavar="N",
+                                          default_text="4 x --embed-dim")
+    dropout: Optional[float] = option(0.0, "dropout on embeddings, attention weights and "
+                                           "residual branches", minimum=0.0, maximum=1.0,
+                                      metavar="P")
+    bias: Optional[bool] = option(False, "biases in Linear layers and LayerNorms (--no-bias: "
+                                         "none, as the reference's use_bias=false)")
+    max_target_positions: Optional[int] = option(
+        None, "context size: the positional table's length", minimum=1, metavar="N",
+        default_text="--tokens-per-sample")
+    tokens_per_sample: Optional[int] = from_config(
+        "task.tokens_per_sample", "the task's context: the default --max-target-positions")
+    criterion: Optional[str] = from_config(
+        "criterion._name", "the training criterion: whether an embedding loss is asked for")
+    embedding_loss: Optional[str] = from_config(
+        "criterion.embedding_loss", "the embedding loss the criterion asks for, if any")
 
 
-def base_lm_args(args, embed_dim, layers, heads):
+def lm_sizes(args, embed_dim, layers, heads):
+    """An architecture's sizes (options already set are kept)."""
     args.embed_dim = getattr(args, "embed_dim", embed_dim)
     args.layers = getattr(args, "layers", layers)
     args.attention_heads = getattr(args, "attention_heads", heads)
-    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", None)
-    args.dropout = getattr(args, "dropout", 0.0)
-    args.bias = getattr(args, "bias", False)
-    args.max_target_positions = getattr(args, "max_target_positions", None)
 
 
 def validate_lm_args(args):
-    for name in ("embed_dim", "layers", "attention_heads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    """The checks between options (each option's own range is checked by the config)."""
     if args.embed_dim % args.attention_heads:
         raise ValueError(f"--attention-heads={args.attention_heads} must divide "
                          f"--embed-dim={args.embed_dim}")
@@ -176,20 +186,44 @@ def tied_output_projection(features: Tensor, weight: Tensor) -> Tensor:
 
 
 class CausalLM(FairseqLanguageModel):
-    """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`."""
+    """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`. Subclasses name their
+    ``decoder_class``, options (``config_class``, registered with the model), ``model_name``
+    and ``reference_sizes`` (the sizes of ``--arch model_name``)."""
 
     decoder_class = None
-    arch_defaults = None
+    log_layer_weights = False  # --log-layer-weights, set at build time
+    config_class = CausalLMConfig
+    model_name = None
+    reference_sizes = None
 
     @classmethod
-    def build_model(cls, args, task):
-        cls.arch_defaults(args)
+    def add_args(cls, parser):
+        config.add_flags(parser, cls.config_class)
+
+    @classmethod
+    def base_architecture(cls, args):
+        """The model's defaults: the reference sizes, then every option's default."""
+        lm_sizes(args, *cls.reference_sizes)
+        config.set_defaults(args, cls.config_class)
+
+    @classmethod
+    def complete(cls, args):
         validate_lm_args(args)
         cls.validate(args)
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        """``cfg``: a Namespace, DictConfig or ``config_class`` instance (see
+        :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
+        args = config.model_args(cfg, cls.config_class, cls.model_name, cls.base_architecture,
+                                 complete=cls.complete)
         decoder = cls.decoder_class(args, task.target_dictionary)
         decoder.init_weights()
         _unregister_missing_parameters(decoder)
         model = cls(decoder)
+        model.log_layer_weights = args.log_layer_weights
+        if model.log_layer_weights:
+            weight_logging.enable(model, args.arch)
         logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
                     "positional table excluded)", args.arch,
                     f"{decoder.reference_parameter_count():,}")
@@ -198,6 +232,14 @@ class CausalLM(FairseqLanguageModel):
     @classmethod
     def validate(cls, args):
         """Model-specific build-time checks (subclasses)."""
+
+    def forward(self, src_tokens, **kwargs):
+        """fairseq's forward; with ``--log-layer-weights``, training passes log the methods'
+        weights (:mod:`fairseq_plugins.weight_logging`)."""
+        out = super().forward(src_tokens, **kwargs)
+        if self.training and self.log_layer_weights:
+            weight_logging.log(self)
+        return out
 
     def reference_parameter_count(self) -> int:
         return self.decoder.reference_parameter_count()

@@ -6,7 +6,8 @@ from torch import nn
 from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
-from .causal_lm_base import CausalLM, CausalLMDecoder, add_lm_args, base_lm_args
+from ..config import architecture
+from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, lm_sizes
 
 MODEL_NAME = "gpt_baseline_lm"
 
@@ -35,13 +36,12 @@ class GPTBaselineDecoder(CausalLMDecoder):
         return self.final_layer_norm(x).transpose(0, 1)
 
 
-@register_model(MODEL_NAME)
+@register_model(MODEL_NAME, dataclass=CausalLMConfig)
 class GPTBaselineLM(CausalLM):
     decoder_class = GPTBaselineDecoder
-
-    @staticmethod
-    def add_args(parser):
-        add_lm_args(parser)
+    model_name = MODEL_NAME
+    # the reference's baseline (its run configurations): d=160, 26 blocks, 10 heads
+    reference_sizes = (160, 26, 10)
 
     @classmethod
     def validate(cls, args):
@@ -53,13 +53,13 @@ class GPTBaselineLM(CausalLM):
 
 def _preset(name, embed_dim, layers, heads):
     def arch(args):
-        base_lm_args(args, embed_dim, layers, heads)
+        lm_sizes(args, embed_dim, layers, heads)
 
     arch.__name__ = arch.__qualname__ = name
-    return register_model_architecture(MODEL_NAME, name)(arch)
+    return register_model_architecture(MODEL_NAME, name)(architecture(arch))
 
 
-GPTBaselineLM.arch_defaults = staticmethod(_preset(MODEL_NAME, 160, 26, 10))
+# --arch gpt_baseline_lm is registered by register_model (its sizes: reference_sizes above)
 # the reference's baselines (context 200, GPT-2 vocabulary; its run configurations): d=160 L=26
 # with 10 heads (head dim 16) and the smaller d=156 L=26 with 12 heads; *_tiny for tests and CPU runs
 _preset("gpt_baseline_lm_yif", 160, 26, 10)

@@ -13,7 +13,7 @@ other weight 0 at initialisation, so the stack starts as the plain transformer, 
 Everything is per position: incremental decoding needs no cache.
 """
 import logging
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +62,11 @@ class DepthWeightedAverage(nn.Module):
         for k, j in enumerate(self.inputs[:-1]):
             out = out + states[j] * weight[k]
         return out
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{'s<j>': alpha of state x_j} (``--log-layer-weights``)."""
+        weight = self.weight.detach().float()
+        return {f"s{j}": weight[k] for k, j in enumerate(self.inputs)}
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Fine-tuning from a checkpoint without averages (e.g. fairseq's transformer): they start

@@ -6,7 +6,7 @@ the depth axis, never over time, so it is causal by construction and incremental
 cache: step t only needs step t's own lower-layer outputs.
 """
 from contextlib import contextmanager
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -64,9 +64,13 @@ class FuseAttention(nn.Module):
 
     Set ``keep_weights = True`` to keep the last call's attention weights in ``last_weights``
     (B x H x T x L, L = number of lower states attended); off by default, so no cost otherwise.
+    ``log_weights = True`` (``--log-layer-weights``) keeps only their mean per state over the
+    heads and the positions of the last training call (padding included: the module does not
+    see the mask), for :meth:`logged_weights`.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                 first_state: int = 0):
         super().__init__()
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout,
                                        self_attention=False, encoder_decoder_attention=False)
@@ -74,6 +78,9 @@ class FuseAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.keep_weights = False
         self.last_weights: Optional[Tensor] = None
+        self.log_weights = False
+        self.mean_weights: Optional[Tensor] = None
+        self.first_state = first_state  # the j of h_j that history[0] is (for the labels)
 
     @staticmethod
     def macs(embed_dim: int, num_heads: int, depth: int, algorithm: str = "implemented") -> int:
@@ -107,16 +114,25 @@ class FuseAttention(nn.Module):
         """
         tgt_len, bsz, dim = query.shape
         flat = query.reshape(tgt_len * bsz, dim)
-        if self.keep_weights or self.use_absorbed(len(history)):
+        logs = self.log_weights and self.training
+        if self.keep_weights or logs or self.use_absorbed(len(history)):
             out, probs = self._absorbed(flat, history)
         else:
             out = self._standard(flat, history)
+        if logs:
+            self.mean_weights = probs.detach().float().mean(dim=(0, 1))  # L
         weights = None
         if self.keep_weights:
             # (T*B) x H x L -> B x H x T x L
             weights = probs.view(tgt_len, bsz, self.num_heads, -1).permute(1, 2, 0, 3).detach()
             self.last_weights = weights
         return out.view(tgt_len, bsz, dim), weights
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{'s<j>': mean weight on state h_j in the last training call} (empty before one)."""
+        if self.mean_weights is None:
+            return {}
+        return {f"s{self.first_state + j}": w for j, w in enumerate(self.mean_weights)}
 
     def _standard(self, query: Tensor, history: List[Tensor]) -> Tensor:
         n, dim = query.shape

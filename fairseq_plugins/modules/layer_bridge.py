@@ -14,7 +14,7 @@ Initialisations (``init``):
   random    Xavier-uniform per W_i.
 """
 import logging
-from typing import List
+from typing import Dict, List
 
 import torch
 from torch import Tensor, nn
@@ -117,6 +117,13 @@ class LayerBridge(nn.Module):
     def block_norms(self) -> Tensor:
         """N_dec x N Frobenius norms of the d x d blocks (for heatmaps)."""
         return block_norms(self.weight.detach())
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{'d<i>_e<j>': norm of the block decoder layer i (0-based) reads from encoder state j
+        (0: the embedding output)} (``--log-layer-weights``)."""
+        norms = self.block_norms()
+        return {f"d{i}_e{j + self.first_layer_index}": norms[i, j]
+                for i in range(norms.size(0)) for j in range(norms.size(1))}
 
 
 def block_norms(weight: Tensor) -> Tensor:

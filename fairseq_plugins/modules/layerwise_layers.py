@@ -40,9 +40,11 @@ class LayerOptions:
     of its fuse-attention (None: the layer does not fuse), whether it records its input (for the
     fusing layers above it) and its output (for the depth-weighted averages), the states its
     depth-weighted average combines (None: no average after it), and its cross-attention kind
-    (decoder only)."""
+    (decoder only). ``fusion_first_state``: the state h_j its fuse-attention attends first
+    (0: the embedding output; 1 without it)."""
     index: int
     fusion_heads: Optional[int] = None
+    fusion_first_state: int = 0
     records_input: bool = False
     cross_attention: str = STANDARD
     records_output: bool = False
@@ -59,7 +61,8 @@ class _FusionSublayers:
         self.history = history  # plain attribute: shared with the stack, not a sub-module
         if options.fusion_heads is not None:
             self.fuse_attn = FuseAttention(embed_dim, options.fusion_heads,
-                                           dropout=cfg.attention_dropout)
+                                           dropout=cfg.attention_dropout,
+                                           first_state=options.fusion_first_state)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
             self.fuse_attn = None

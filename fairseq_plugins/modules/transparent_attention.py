@@ -13,7 +13,7 @@ model does not start as the plain transformer (a softmax cannot put all weight o
 The memories are computed once per source sentence, as the FC bridge's.
 """
 import logging
-from typing import List
+from typing import Dict, List
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,13 @@ class TransparentAttention(nn.Module):
     def combination_weights(self) -> Tensor:
         """softmax(w): N_dec x (N + 1), rows summing to 1 (row i: what decoder layer i reads)."""
         return torch.softmax(self.weight.float(), dim=-1)
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{'d<i>_e<j>': the weight decoder layer i (0-based) gives encoder state j (0: the
+        embedding output)} (``--log-layer-weights``)."""
+        weights = self.combination_weights().detach()
+        return {f"d{i}_e{j}": weights[i, j]
+                for i in range(weights.size(0)) for j in range(weights.size(1))}
 
     def forward(self, states: List[Tensor]) -> Tensor:
         if len(states) != self.num_states:

@@ -24,10 +24,9 @@ from fairseq import metrics, utils
 from fairseq.data import encoders
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from layerlab.metrics.cter import CONTEXTS_PER_COMPOUND, instance_correct, read_lexicon
-from layerlab.metrics.exact_match import normalise
-from layerlab.metrics.generate_log import read_lines
-
+from ..metrics.cter import CONTEXTS_PER_COMPOUND, instance_correct, read_lexicon
+from ..metrics.exact_match import normalise
+from ..metrics.generate_log import read_lines
 from ..registry import register_task
 
 logger = logging.getLogger(__name__)

@@ -11,36 +11,41 @@ their defaults and validation, resolved into :class:`BridgeOptions`. Two kinds (
 
 Either is computed once per source sentence (beam search reorders only an index).
 """
-import argparse
 from dataclasses import dataclass
 from typing import Optional
 
+from fairseq.dataclass import FairseqDataclass
+
+from ...config import option
 from ...modules.layer_bridge import BRIDGE_INITS, LayerBridge
 from ...modules.transparent_attention import TransparentAttention
 
 KINDS = ("none", "fc", "transparent")
-# bridge_include_embedding defaults to None: fc leaves h_0 out unless asked, transparent always
-# reads it, and an explicit --no-bridge-include-embedding with transparent is an error
-DEFAULTS = {"bridge": "none", "bridge_init": None, "bridge_include_embedding": None}
 DEFAULT_INIT = "original"  # the model without a bridge, exactly
 # the encoder_out entries the encoder writes and the decoder reads: [N_dec x S x B0 x C] and [B]
 MEMORIES, INDEX = "bridge_memories", "bridge_index"
 
 
-def add_args(parser):
-    parser.add_argument("--bridge", choices=KINDS,
-                        help="fc: every decoder layer cross-attends to its own bias-free "
-                             "projection of all encoder layers' outputs; transparent: to its own "
-                             "softmax-weighted average of the embedding output and all encoder "
-                             "layers (default: none)")
-    parser.add_argument("--bridge-init", choices=BRIDGE_INITS,
-                        help="initialisation of the fc bridge: original = read the last encoder "
-                             "layer (the model without a bridge), gca = decoder layer j reads "
-                             "encoder layer N+1-j, uniform = average, random (default: "
-                             f"{DEFAULT_INIT})")
-    parser.add_argument("--bridge-include-embedding", action=argparse.BooleanOptionalAction,
-                        help="fc: also project the embedding output h_0 (default: off, as the "
-                             "paper); transparent always averages it")
+@dataclass
+class BridgeConfig(FairseqDataclass):
+    """The bridge options (flags ``--bridge`` ...; hydra ``model.bridge`` ...)."""
+    bridge: Optional[str] = option(
+        "none", "fc: every decoder layer cross-attends to its own bias-free projection of all "
+                "encoder layers' outputs; transparent: to its own softmax-weighted average of "
+                "the embedding output and all encoder layers", choices=KINDS)
+    # bridge_init and bridge_include_embedding stay None unless given: fc records its init at
+    # build time, fc leaves h_0 out unless asked, transparent always reads it, and an explicit
+    # --no-bridge-include-embedding with transparent is an error
+    bridge_init: Optional[str] = option(
+        None, "initialisation of the fc bridge: original = read the last encoder layer (the "
+              "model without a bridge), gca = decoder layer j reads encoder layer N+1-j, "
+              "uniform = average, random", choices=BRIDGE_INITS, default_text=DEFAULT_INIT)
+    bridge_include_embedding: Optional[bool] = option(
+        None, "fc: also project the embedding output h_0; transparent always averages it",
+        default_text="off, as the paper")
+
+
+CONFIG = BridgeConfig  # what options.py composes into the model's dataclass
 
 
 def enabled(args) -> bool:

@@ -5,34 +5,40 @@ defaults and validation, resolved into the kind of every decoder layer.
 decoder layer (or the ``--cross-attention-layers``) by a causally correct variant
 (:mod:`fairseq_plugins.modules.cross_attention`); see docs/ideas/cross-attention.md.
 """
-import argparse
-from typing import Dict
+from dataclasses import dataclass
+from typing import Dict, Optional
 
+from fairseq.dataclass import FairseqDataclass
+
+from ...config import option
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS, DEFAULT_CHUNK_SIZE
 from .indices import parse_layer_indices
 
 STANDARD = CROSS_ATTENTION_KINDS[0]  # fairseq's own MultiheadAttention
-DEFAULTS = {"cross_attention": STANDARD, "cross_attention_layers": None,
-            "cross_attention_zero_init": False, "cross_attention_chunk_size": DEFAULT_CHUNK_SIZE}
 
 
-def add_args(parser):
-    parser.add_argument("--cross-attention", choices=CROSS_ATTENTION_KINDS,
-                        help="decoder cross-attention: standard (fairseq's), swapped (source "
-                             "slots that also read the target prefix), inverted (causal doubly "
-                             "normalised: a learned coverage penalty), decoder-values (values "
-                             "from the decoder only; a negative control) (default: standard)")
-    parser.add_argument("--cross-attention-layers", type=str, metavar="IDX,IDX,...",
-                        help="0-based decoder layers that use the --cross-attention variant; the "
-                             "others keep standard cross-attention (default: all layers)")
-    parser.add_argument("--cross-attention-zero-init", action=argparse.BooleanOptionalAction,
-                        help="swapped: initialise the decoder-value projection to zero, so that "
-                             "the model starts exactly as standard cross-attention (e.g. to "
-                             "fine-tune a standard model) (default: off)")
-    parser.add_argument("--cross-attention-chunk-size", type=int, metavar="N",
-                        help="swapped/decoder-values: target positions processed together in "
-                             "training; memory grows as T x S x N per head (default: "
-                             f"{DEFAULT_CHUNK_SIZE})")
+@dataclass
+class CrossAttentionConfig(FairseqDataclass):
+    """The cross-attention options (flags ``--cross-attention`` ...; hydra
+    ``model.cross_attention`` ...)."""
+    cross_attention: Optional[str] = option(
+        STANDARD, "decoder cross-attention: standard (fairseq's), swapped (source slots that "
+                  "also read the target prefix), inverted (causal doubly normalised: a learned "
+                  "coverage penalty), decoder-values (values from the decoder only; a negative "
+                  "control)", choices=CROSS_ATTENTION_KINDS)
+    cross_attention_layers: Optional[str] = option(
+        None, "0-based decoder layers that use the --cross-attention variant; the others keep "
+              "standard cross-attention", metavar="IDX,IDX,...", default_text="all layers")
+    cross_attention_zero_init: Optional[bool] = option(
+        False, "swapped: initialise the decoder-value projection to zero, so that the model "
+               "starts exactly as standard cross-attention (e.g. to fine-tune a standard model)")
+    cross_attention_chunk_size: Optional[int] = option(
+        DEFAULT_CHUNK_SIZE, "swapped/decoder-values: target positions processed together in "
+                            "training; memory grows as T x S x N per head", minimum=1,
+        metavar="N")
+
+
+CONFIG = CrossAttentionConfig  # what options.py composes into the model's dataclass
 
 
 def new_attention(args) -> bool:
@@ -59,9 +65,6 @@ def validate(args):
     if args.cross_attention_zero_init and kind != "swapped":
         raise ValueError(f"--cross-attention-zero-init applies to swapped only (got {kind}): "
                          "inverted has no decoder values, decoder-values has nothing else")
-    if args.cross_attention_chunk_size < 1:
-        raise ValueError(f"--cross-attention-chunk-size must be >= 1, got "
-                         f"{args.cross_attention_chunk_size}")
     if getattr(args, "decoder_xformers_att_config", None) or getattr(args, "xformers_att_config",
                                                                         None):
         raise ValueError(f"xformers attention is not supported with --cross-attention {kind}")

@@ -10,47 +10,48 @@ stack into :class:`FusionOptions`. Two kinds (``--fusion-kind``):
   the layers' outputs so far (every ``--dwa-dilation``-th one) becomes the next layer's input
   (:mod:`fairseq_plugins.modules.depth_weighted_average`); see docs/ideas/dwa.md.
 """
-import argparse
 from dataclasses import dataclass
 from typing import FrozenSet, Optional, Tuple
 
+from fairseq.dataclass import FairseqDataclass
+
+from ...config import option
 from ...modules.depth_weighted_average import dwa_inputs, has_dwa
 from .indices import parse_layer_indices
 
 KINDS = ("attention", "dwa")
-# the DWA flags default to None so that giving them without --fusion-kind dwa is caught
-DEFAULTS = {"encoder_fusion": False, "decoder_fusion": False, "fusion_kind": KINDS[0],
-            "fusion_heads": None, "fusion_layers": None, "fusion_include_embedding": True,
-            "dwa_dilation": None, "dwa_period": None}
 DWA_DEFAULTS = {"dwa_dilation": 1, "dwa_period": 1}  # every layer, every state: the paper's 1x1
 
 
-def add_args(parser):
-    # fairseq hands add_args its model argument group already (nesting groups is deprecated)
-    parser.add_argument("--encoder-fusion", action=argparse.BooleanOptionalAction,
-                        help="add a fuse-attention sub-layer (over all lower layers' outputs, "
-                             "per token) to the encoder layers (default: off; on in fusion_* "
-                             "presets)")
-    parser.add_argument("--decoder-fusion", action=argparse.BooleanOptionalAction,
-                        help="the same for the decoder layers")
-    parser.add_argument("--fusion-heads", type=int, metavar="N",
-                        help="attention heads of the fuse-attention (default: the stack's "
-                             "--encoder/decoder-attention-heads); must divide the embedding dim")
-    parser.add_argument("--fusion-layers", type=str, metavar="IDX,IDX,...",
-                        help="0-based indices of the layers that fuse, in every fused stack, "
-                             "like --encoder-layers-to-keep (default: all layers)")
-    parser.add_argument("--fusion-include-embedding", action=argparse.BooleanOptionalAction,
-                        help="include the embedding output h_0 among the fused states "
-                             "(default: on, as in the paper)")
-    parser.add_argument("--fusion-kind", choices=KINDS,
-                        help="attention: LRF's fuse-attention sub-layer; dwa: DenseFormer's "
-                             "depth-weighted average after the layers (default: attention)")
-    parser.add_argument("--dwa-dilation", type=int, metavar="K",
-                        help="with --fusion-kind dwa: average every K-th state only (those "
-                             "congruent to the layer mod K; default: 1, all)")
-    parser.add_argument("--dwa-period", type=int, metavar="P",
-                        help="with --fusion-kind dwa: a DWA after every P-th layer only "
-                             "(default: 1, every layer)")
+@dataclass
+class FusionConfig(FairseqDataclass):
+    """The fusion options (flags ``--encoder-fusion`` ...; hydra ``model.encoder_fusion`` ...)."""
+    encoder_fusion: Optional[bool] = option(
+        False, "add a fuse-attention sub-layer (over all lower layers' outputs, per token) to "
+               "the encoder layers (on in the fusion_* presets)")
+    decoder_fusion: Optional[bool] = option(False, "the same for the decoder layers")
+    fusion_heads: Optional[int] = option(
+        None, "attention heads of the fuse-attention; must divide the embedding dim",
+        minimum=1, metavar="N", default_text="the stack's --encoder/decoder-attention-heads")
+    fusion_layers: Optional[str] = option(
+        None, "0-based indices of the layers that fuse, in every fused stack, like "
+              "--encoder-layers-to-keep", metavar="IDX,IDX,...", default_text="all layers")
+    fusion_include_embedding: Optional[bool] = option(
+        True, "include the embedding output h_0 among the fused states (as in the paper)")
+    fusion_kind: Optional[str] = option(
+        KINDS[0], "attention: LRF's fuse-attention sub-layer; dwa: DenseFormer's "
+                  "depth-weighted average after the layers", choices=KINDS)
+    # the DWA options stay None unless given, so that giving them without --fusion-kind dwa is
+    # caught; dwa itself reads DWA_DEFAULTS for the ones not given
+    dwa_dilation: Optional[int] = option(
+        None, "with --fusion-kind dwa: average every K-th state only (those congruent to the "
+              "layer mod K)", minimum=1, metavar="K", default_text="1, all")
+    dwa_period: Optional[int] = option(
+        None, "with --fusion-kind dwa: a DWA after every P-th layer only", minimum=1,
+        metavar="P", default_text="1, every layer")
+
+
+CONFIG = FusionConfig  # what options.py composes into the model's dataclass
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,6 @@ def validate(args):
     if not args.fusion_include_embedding:
         raise ValueError("--no-fusion-include-embedding: dwa always averages the embedding "
                          "output x_0 (the states congruent to the layer mod --dwa-dilation)")
-    for name, default in DWA_DEFAULTS.items():
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def resolve(args, side: str, num_layers: int) -> Optional[FusionOptions]:

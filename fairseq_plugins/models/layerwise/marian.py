@@ -2,24 +2,30 @@
 the flags, their defaults, and what they change in a stack
 (:mod:`fairseq_plugins.modules.marian_embeddings`); see docs/ideas/bridge.md (opus-mt).
 """
-import argparse
+from dataclasses import dataclass
+from typing import Optional
 
+from fairseq.dataclass import FairseqDataclass
+
+from ...config import option
 from ...modules.marian_embeddings import MarianSinusoidalPositionalEmbedding
 
-DEFAULTS = {"marian_positions": False, "final_logits_bias": False,
-            "decoder_start_zero_embedding": False}
+
+@dataclass
+class MarianConfig(FairseqDataclass):
+    """The Marian options (flags ``--marian-positions`` ...; hydra ``model.marian_positions``)."""
+    marian_positions: Optional[bool] = option(
+        False, "sinusoidal positions as Hugging Face's Marian: from 0, frequency "
+               "10000^(-2i/d), sines then cosines (off: fairseq's)")
+    final_logits_bias: Optional[bool] = option(
+        False, "a fixed (not trained) bias added to the output logits, loaded from the "
+               "checkpoint: Marian's final_logits_bias")
+    decoder_start_zero_embedding: Optional[bool] = option(
+        False, "the decoder's first input (fairseq's </s> start symbol) is the zero vector, as "
+               "Marian's <pad> start")
 
 
-def add_args(parser):
-    parser.add_argument("--marian-positions", action=argparse.BooleanOptionalAction,
-                        help="sinusoidal positions as Hugging Face's Marian: from 0, frequency "
-                             "10000^(-2i/d), sines then cosines (default: fairseq's)")
-    parser.add_argument("--final-logits-bias", action=argparse.BooleanOptionalAction,
-                        help="a fixed (not trained) bias added to the output logits, loaded from "
-                             "the checkpoint: Marian's final_logits_bias (default: off)")
-    parser.add_argument("--decoder-start-zero-embedding", action=argparse.BooleanOptionalAction,
-                        help="the decoder's first input (fairseq's </s> start symbol) is the zero "
-                             "vector, as Marian's <pad> start (default: off)")
+CONFIG = MarianConfig  # what options.py composes into the model's dataclass
 
 
 def new_attention(args) -> bool:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from ... import config, weight_logging
 from ...modules.causal_cross_attention import CausalCrossAttention
 from ...registry import register_model
 from . import bridge, options
@@ -40,9 +41,17 @@ def check_finetune_source(model, args):
     model.upgrade_state_dict(dict(checkpoint_utils.load_checkpoint_to_cpu(path)["model"]))
 
 
-@register_model(MODEL_NAME)
+def complete(args):
+    """The model's own checks; the bridge records the initialisation it starts from."""
+    options.validate(args)
+    bridge.record_init(args)
+
+
+@register_model(MODEL_NAME, dataclass=options.LayerwiseTransformerConfig)
 class LayerwiseTransformerModel(TransformerModel):
     """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
+
+    log_layer_weights = False  # --log-layer-weights, set at build time
 
     @classmethod
     def add_args(cls, parser):
@@ -50,13 +59,25 @@ class LayerwiseTransformerModel(TransformerModel):
         options.add_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
-        layerwise_base_architecture(args)
-        options.validate(args)
-        bridge.record_init(args)
+    def build_model(cls, cfg, task):
+        """``cfg``: a Namespace, DictConfig or LayerwiseTransformerConfig (see
+        :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
+        args = config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
+                                 layerwise_base_architecture, complete=complete)
         model = super().build_model(args, task)
         check_finetune_source(model, args)
+        model.log_layer_weights = args.log_layer_weights
+        if model.log_layer_weights:
+            weight_logging.enable(model, args.arch)
         return model
+
+    def forward(self, *args, **kwargs):
+        """fairseq's forward; with ``--log-layer-weights``, training passes log the methods'
+        weights (:mod:`fairseq_plugins.weight_logging`)."""
+        out = super().forward(*args, **kwargs)
+        if self.training and self.log_layer_weights:
+            weight_logging.log(self)
+        return out
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -14,10 +14,25 @@ once, in its constructor, and hands each layer its own entry; nothing is derived
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from fairseq.models.transformer import TransformerConfig
+
+from ... import config, weight_logging
 from ...modules.layerwise_layers import LayerOptions
 from . import bridge, cross_attention, fusion, marian
 
 FEATURES = (fusion, bridge, cross_attention, marian)
+
+# fairseq's transformer options, flattened as its flags (--encoder-embed-dim, ...)
+FairseqTransformerOptions = config.flat_dataclass("FairseqTransformerOptions", TransformerConfig)
+
+
+@dataclass
+class LayerwiseTransformerConfig(*(feature.CONFIG for feature in reversed(FEATURES)),
+                                 weight_logging.WeightLoggingConfig, FairseqTransformerOptions):
+    """Every option of ``layerwise_transformer``: fairseq's transformer's, each feature's, and
+    the values it reads from the rest of the configuration."""
+    finetune_from_model: Optional[str] = config.from_config(
+        "checkpoint.finetune_from_model", "checked against this model at build time")
 
 # fairseq layer options that the explicit sub-layer order of LayerwiseEncoder/DecoderLayer (used
 # with fusion, the bridge or a cross-attention variant) does not implement, and would otherwise
@@ -40,15 +55,15 @@ class StackOptions:
 
 
 def add_args(parser):
+    """The flags of every feature (fairseq's transformer adds its own)."""
     for feature in FEATURES:
-        feature.add_args(parser)
+        config.add_flags(parser, feature.CONFIG)
+    config.add_flags(parser, weight_logging.WeightLoggingConfig)
 
 
 def set_defaults(args):
-    """Every feature's flag defaults on ``args`` (flags already set are kept)."""
-    for feature in FEATURES:
-        for key, value in feature.DEFAULTS.items():
-            setattr(args, key, getattr(args, key, value))
+    """Every feature's defaults on ``args`` (options already set are kept)."""
+    config.set_defaults(args, LayerwiseTransformerConfig)
 
 
 def validate(args):
@@ -76,6 +91,7 @@ def resolve_stack(cfg, side: str) -> StackOptions:
             index=i,
             fusion_heads=(stack_fusion.heads if stack_fusion and stack_fusion.kind == "attention"
                           and i in stack_fusion.layers else None),
+            fusion_first_state=0 if stack_fusion is None or stack_fusion.include_embedding else 1,
             records_input=stack_fusion is not None and stack_fusion.records_input_of(i),
             cross_attention=kinds.get(i, cross_attention.STANDARD),
             records_output=stack_fusion is not None and stack_fusion.records_output_of(i),

@@ -2,11 +2,13 @@
 defaults (user flags win) on one of fairseq's transformer sizes."""
 from fairseq.models.transformer import base_architecture, tiny_architecture, transformer_iwslt_de_en
 
+from ... import config
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS
 from ...registry import register_model_architecture
 from .model import MODEL_NAME, layerwise_base_architecture
 
-register_model_architecture(MODEL_NAME, MODEL_NAME)(layerwise_base_architecture)
+# --arch layerwise_transformer: registered by register_model (a dataclass model); its defaults
+# are layerwise_base_architecture's, applied at build time
 
 
 def _iwslt_de_en_shared(args):
@@ -28,7 +30,7 @@ def register_preset(name, size_fn, **defaults):
         layerwise_base_architecture(args)
 
     preset.__qualname__ = preset.__name__ = name
-    register_model_architecture(MODEL_NAME, name)(preset)
+    register_model_architecture(MODEL_NAME, name)(config.architecture(preset))
 
 
 # fusion_transformer{,_iwslt_de_en,_tiny}: both stacks fuse; fusion_enc_* / fusion_dec_*: the

@@ -1,0 +1,66 @@
+"""``--log-layer-weights``: each method's own layer weights logged while training.
+
+Every module of this package that combines layers says what its weights are through
+``logged_weights() -> Dict[str, Tensor]`` (scalars, detached): the DWA alphas, the FC bridge's
+block norms, transparent attention's weights, fuse-attention's mean weight per (layer, state)
+pair over the tokens of the last forward pass. With the option on, a model logs them with
+fairseq's metrics after each training forward pass, as ``lw_<module path>_<name>``; fairseq
+averages them over the ``--log-interval`` like its own training statistics and writes them to
+TensorBoard (``--tensorboard-logdir``), to the progress bar and to the JSON log. Off by default:
+nothing is computed. The values are those of the process that logs (rank 0 in distributed
+training): parameters are the same on every rank, fuse-attention means are rank 0's batches.
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.logging import metrics
+
+from .config import option
+
+PREFIX = "lw_"
+
+
+@dataclass
+class WeightLoggingConfig(FairseqDataclass):
+    log_layer_weights: Optional[bool] = option(
+        False, "log each layer-combining method's own weights (DWA alphas, fuse-attention per "
+               "layer pair, bridge / transparent weights) every --log-interval updates, e.g. to "
+               "TensorBoard with --tensorboard-logdir")
+
+
+def sources(model: nn.Module) -> Dict[str, nn.Module]:
+    """{module path: module} of every sub-module that has ``logged_weights``."""
+    return {name: module for name, module in model.named_modules()
+            if callable(getattr(module, "logged_weights", None))}
+
+
+def collect(model: nn.Module) -> Dict[str, Tensor]:
+    """{metric name: scalar tensor} of every source's weights now."""
+    out = {}
+    for path, module in sources(model).items():
+        for key, value in module.logged_weights().items():
+            out[f"{PREFIX}{path.replace('.', '_')}_{key}"] = value
+    return out
+
+
+def enable(model: nn.Module, arch: str):
+    """Switch logging on for ``model`` (built as ``arch``): the sources that keep something from
+    the forward pass (fuse-attention's weights) start keeping it. A model without any source is
+    an error: the option would log nothing."""
+    found = sources(model)
+    if not found:
+        raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log "
+                         "(switch a method on, e.g. --encoder-fusion, --fusion-kind dwa, "
+                         "--bridge fc)")
+    for module in found.values():
+        if hasattr(module, "log_weights"):
+            module.log_weights = True
+
+
+def log(model: nn.Module):
+    """Log every source's weights with fairseq's metrics (call after a training forward)."""
+    for name, value in collect(model).items():
+        metrics.log_scalar(name, value, weight=1, round=4)

@@ -1,1 +1,0 @@
-"""Scorers for fairseq-generate output (exact match; CTER and BLEU recipes to follow)."""

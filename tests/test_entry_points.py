@@ -1,0 +1,259 @@
+"""fairseq's two entry points build the same model: ``fairseq-train`` (argparse, then fairseq's
+conversion to a config) and ``fairseq-hydra-train`` (a hydra config, merged with the model's
+dataclass), for every architecture of the package; and a bad option is one clear error naming it
+under both, before anything is built (docs/hydra.md)."""
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import fairseq_plugins  # noqa: F401  (registers the models)
+from fairseq import options, tasks
+from fairseq.dataclass.initialize import add_defaults
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
+from fairseq_plugins import config
+from helpers import PLUGIN_DIR, make_dict
+
+LMS = ("gpt_baseline_lm", "ar_encdec_lm")
+MODELS = ("layerwise_transformer", *LMS)
+ARCHS = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m in MODELS)
+# options given to both entry points on top of the architecture (small sizes keep it fast; the
+# others exercise the presets' own options being overridden)
+SETTINGS = {
+    "layerwise_transformer_tiny": {"encoder_fusion": True, "fusion_kind": "dwa",
+                                   "dwa_period": 2, "log_layer_weights": True},
+    "fusion_transformer_tiny": {"fusion_heads": 2, "no_scale_embedding": True,
+                                "decoder_fusion": False},
+    "bridge_transformer_tiny": {"bridge_init": "gca"},
+    "swapped_transformer_tiny": {"cross_attention_layers": "1", "cross_attention_zero_init": True},
+    "ar_encdec_lm_tiny": {"pos_embed_subtraction": "yes_ln", "bias": True, "dropout": 0.1},
+}
+LM_CRITERION = {"ar_encdec_lm_tiny": {"_name": "lm_embedding_loss", "embedding_loss": "mse"}}
+
+
+def settings(arch):
+    model = ARCH_MODEL_NAME_REGISTRY[arch]
+    out = {} if arch.endswith("_tiny") else (
+        {"layers": 2} if model in LMS else {"encoder_layers": 2, "decoder_layers": 2})
+    return {**out, **SETTINGS.get(arch, {})}
+
+
+def flags(values):
+    out = []
+    for key, value in values.items():
+        flag = config.flag(key)
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def criterion_flags(arch):
+    crit = LM_CRITERION.get(arch)
+    if crit is None:
+        return []
+    return ["--criterion", crit["_name"], "--embedding-loss", crit["embedding_loss"]]
+
+
+def parse(arch, values):
+    model = ARCH_MODEL_NAME_REGISTRY[arch]
+    task = "language_modeling" if model in LMS else "translation"
+    argv = ["/nonexistent-data", "--task", task, "--arch", arch, "--user-dir", PLUGIN_DIR,
+            *flags(values), *criterion_flags(arch)]
+    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+
+
+def make_task(args):
+    if ARCH_MODEL_NAME_REGISTRY[args.arch] in LMS:
+        d = make_dict(20, "w")
+        return tasks.get_task("language_modeling")(args, d, d)
+    joined = make_dict(20, "w")  # one dictionary: the opus-mt presets share all embeddings
+    return tasks.get_task("translation")(args, joined, joined)
+
+
+def hydra_model_config(arch, values, merged=True):
+    """cfg.model as fairseq-hydra-train hands it to the task: the user's model node, merged with
+    the registered dataclasses by add_defaults (fairseq-train's main calls it once the plugin is
+    imported), resolved and made a plain struct config. ``merged=False``: the raw node (the
+    model's build_model must not depend on the merge)."""
+    from fairseq.dataclass.configs import FairseqConfig
+
+    model = ARCH_MODEL_NAME_REGISTRY[arch]
+    root = OmegaConf.structured(FairseqConfig)  # fairseq-hydra-train's schema
+    OmegaConf.set_struct(root, False)
+    root.task = {"_name": "language_modeling" if model in LMS else "translation",
+                 "data": "/nonexistent-data"}
+    root.criterion = LM_CRITERION.get(arch, {"_name": "cross_entropy"})
+    root.model = {"_name": arch, **values}
+    if merged:
+        add_defaults(root)
+    root = OmegaConf.create(OmegaConf.to_container(root, resolve=True, enum_to_str=True))
+    OmegaConf.set_struct(root, True)
+    return root.model
+
+
+def build(task, cfg, seed=0):
+    torch.manual_seed(seed)
+    return task.build_model(cfg)
+
+
+def assert_same_model(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for key in sa:
+        assert sa[key].shape == sb[key].shape, key
+        assert torch.equal(sa[key], sb[key]), key
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_both_entry_points_build_the_same_model(arch):
+    values = settings(arch)
+    args = parse(arch, values)
+    task = make_task(args)
+    # fairseq-train: the argparse Namespace, converted to a config as fairseq-train does
+    via_argparse = build(task, convert_namespace_to_omegaconf(args).model)
+    via_hydra = build(task, hydra_model_config(arch, values))
+    assert_same_model(via_argparse, via_hydra)
+    assert_same_model(via_argparse, build(task, hydra_model_config(arch, values, merged=False)))
+    assert_same_model(via_argparse, build(task, args))  # in-process: the Namespace itself
+    assert via_argparse.__class__ is via_hydra.__class__
+    assert via_hydra.log_layer_weights == bool(values.get("log_layer_weights"))
+
+
+def test_the_preset_is_what_hydra_builds_not_the_plain_model():
+    """The reported defect: model._name=fusion_transformer_tiny built a plain transformer."""
+    args = parse("fusion_transformer_tiny", {})
+    task = make_task(args)
+    fused = build(task, hydra_model_config("fusion_transformer_tiny", {}))
+    plain = build(task, hydra_model_config("layerwise_transformer_tiny", {}))
+    assert all(layer.fuse_attn is not None for layer in fused.encoder.layers[1:])
+    assert sum(p.numel() for p in fused.parameters()) > sum(p.numel() for p in plain.parameters())
+    # an option the user gives explicitly wins over the preset's, also when it is the default
+    unfused = build(task, hydra_model_config("fusion_transformer_tiny", {"encoder_fusion": False}))
+    assert all(getattr(layer, "fuse_attn", None) is None for layer in unfused.encoder.layers)
+
+
+def test_the_checkpoint_config_records_every_resolved_option():
+    cfg = hydra_model_config("bridge_transformer_tiny", {})
+    task = make_task(parse("bridge_transformer_tiny", {}))
+    build(task, cfg)
+    assert cfg.bridge == "fc" and cfg.bridge_init == "original"  # written back at build time
+    assert cfg.encoder_embed_dim == 64 and cfg.encoder_fusion is False
+    lm = hydra_model_config("ar_encdec_lm_tiny", {})
+    build(make_task(parse("ar_encdec_lm_tiny", {})), lm)
+    assert lm.embedding_loss_norms is True and lm.criterion == "lm_embedding_loss"
+
+
+def test_every_arch_function_sets_only_options_of_its_dataclass():
+    """What a preset sets is a field of the model's dataclass, so that a checkpoint's stored
+    config never holds a key the model's options would reject."""
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    for arch in ARCHS:
+        dc = MODEL_DATACLASS_REGISTRY[ARCH_MODEL_NAME_REGISTRY[arch]]
+        args = Namespace()
+        preset = ARCH_CONFIG_REGISTRY[arch]
+        getattr(preset, "run", preset)(args)
+        known = {f.name for f in dataclasses.fields(dc)}
+        assert set(vars(args)) <= known, (arch, set(vars(args)) - known)
+
+
+# -- bad input: every option field, both entry points ------------------------------------------
+def _wrong_type(kind, choices):
+    if choices:
+        return "bogus-choice"
+    return {bool: "maybe", int: "abc", float: "abc"}.get(kind)
+
+
+def _bad_cases():
+    cases = []
+    for model in MODELS:
+        arch = next(a for a in ARCHS if ARCH_MODEL_NAME_REGISTRY[a] == model
+                    and a.endswith("_tiny"))
+        for name, meta in config.describe(MODEL_DATACLASS_REGISTRY[model]).items():
+            if meta["from_config"]:
+                continue
+            wrong = _wrong_type(meta["type"], meta["choices"])
+            if wrong is not None:
+                cases.append((arch, name, wrong))
+            if meta["min"] is not None:
+                low = meta["min"]
+                cases.append((arch, name, low - (1 if isinstance(low, int) else 0.5)))
+            if meta["max"] is not None:
+                cases.append((arch, name, meta["max"] + 0.5))
+    return cases
+
+
+BAD = _bad_cases()
+_TASKS = {}
+
+
+def task_of(arch):
+    if arch not in _TASKS:
+        _TASKS[arch] = make_task(parse(arch, {}))
+    return _TASKS[arch]
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "raw"])
+def test_a_bad_option_under_hydra_is_one_error_naming_it(merged):
+    assert len(BAD) > 60
+    for arch, name, value in BAD:
+        with pytest.raises(Exception) as info:
+            build(task_of(arch), hydra_model_config(arch, {name: value}, merged=merged))
+        message = str(info.value).splitlines()[0] + str(getattr(info.value, "full_key", ""))
+        assert name in message, (arch, name, value, message)
+        assert "Traceback" not in message
+
+
+def test_a_bad_option_under_argparse_is_one_error_naming_it(capsys):
+    for arch, name, value in BAD:
+        meta = config.describe(MODEL_DATACLASS_REGISTRY[ARCH_MODEL_NAME_REGISTRY[arch]])[name]
+        if meta["type"] is bool and not isinstance(value, (int, float)):
+            continue  # argparse has no value to give a --flag/--no-flag
+        with pytest.raises((SystemExit, ValueError)) as info:
+            # the Namespace as parsed (fairseq-train's conversion to a config in between is
+            # fairseq's, timed out of this loop; the test above runs it for every arch)
+            task_of(arch).build_model(parse(arch, {name: value}))
+        shown = capsys.readouterr().err if info.type is SystemExit else str(info.value)
+        assert config.flag(name) in shown, (arch, name, value, shown)
+
+
+def test_an_unknown_option_under_hydra_names_it_and_suggests_the_right_one():
+    task = make_task(parse("fusion_transformer_tiny", {}))
+    with pytest.raises(config.ConfigError, match=r"model.fusion_kindd: no such option of "
+                                                 r"fusion_transformer_tiny; did you mean "
+                                                 r"model.fusion_kind\?"):
+        build(task, hydra_model_config("fusion_transformer_tiny", {"fusion_kindd": "dwa"},
+                                       merged=False))
+    with pytest.raises(Exception, match="fusion_kindd"):
+        hydra_model_config("fusion_transformer_tiny", {"fusion_kindd": "dwa"})
+
+
+def test_criterion_and_task_dataclasses_check_their_fields_under_hydra():
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+    from fairseq.dataclass.utils import merge_with_parent
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    crit = CRITERION_DATACLASS_REGISTRY["lm_embedding_loss"]
+    with pytest.raises(Exception, match="embedding_loss"):
+        merge_with_parent(crit, OmegaConf.create({"embedding_loss": "l1"}))
+    task = TASK_DATACLASS_REGISTRY["seq2seq_eval"]
+    with pytest.raises(Exception, match="eval_exact_match"):
+        merge_with_parent(task, OmegaConf.create({"eval_exact_match": "maybe"}))
+
+
+def test_the_plugin_does_not_import_the_experiment_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, fairseq_plugins; bad = sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'layerlab'); print(bad); sys.exit(bool(bad))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
