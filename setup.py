@@ -12,6 +12,7 @@ setup(
                 "autoregressive encoder-decoder LMs, swapped-role cross-attention",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*", "layerlab",
                                     "layerlab.*"]),
+    package_data={"fairseq_plugins": ["hydra_configs/*.yaml"]},
     python_requires=">=3.8",
     install_requires=[
         "torch",

@@ -63,4 +63,4 @@ def enable(model: nn.Module, arch: str):
 def log(model: nn.Module):
     """Log every source's weights with fairseq's metrics (call after a training forward)."""
     for name, value in collect(model).items():
-        metrics.log_scalar(name, value, weight=1, round=4)
+        metrics.log_scalar(name, value, weight=1, round=5)

@@ -37,6 +37,21 @@ RUNS = {
             ("--arch ar_encdec_lm_yif", "--arch ar_encdec_lm_tiny"),
             ("--batch-size 50 --update-freq 16", "--batch-size 4 --max-update 2")],
            ["checkpoints/checkpoint_best.pt"]),
+    "hydra_scan": ([("--split simple", "--split simple --valid-size 100"),
+                    ("common.user_dir=$PWD/fairseq_plugins",
+                     "common.user_dir=$PWD/fairseq_plugins optimization.max_update=20 "
+                     "dataset.validate_interval_updates=10 checkpoint.save_interval_updates=10 "
+                     "dataset.num_workers=0"),
+                    ("--gen-subset test", "--gen-subset valid")],
+                   ["checkpoints/checkpoint_best.pt", "gen.txt"]),
+    "hydra_lm": ([("--dataset wikitext-2 --vocab-size 8000",
+                   "--text wikitext-2-head.txt --name wikitext-2 --vocab-size 1000"),
+                  ("common.user_dir=$PWD/fairseq_plugins",
+                   "common.user_dir=$PWD/fairseq_plugins optimization.max_update=3 "
+                   "dataset.num_workers=0 model._name=ar_encdec_lm model.layers=2 "
+                   "+model.cross_attention_heads=8 criterion._name=lm_embedding_loss "
+                   "+criterion.embedding_loss=mse")],
+                 ["checkpoints/checkpoint_last.pt"]),
 }
 
 
@@ -89,7 +104,7 @@ def _runnable(block_id, text):
 
 @pytest.mark.parametrize("block_id", sorted(RUNS))
 def test_documented_commands_run(block_id, tmp_path):
-    if block_id == "lm":
+    if block_id in ("lm", "hydra_lm"):
         if not os.path.isdir(WIKITEXT2):
             pytest.skip("../shared/data/wikitext-2 not present")
         with open(os.path.join(WIKITEXT2, "train.txt"), encoding="utf-8") as f:

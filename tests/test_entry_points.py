@@ -257,3 +257,104 @@ def test_the_plugin_does_not_import_the_experiment_library():
             "if m.split('.')[0] == 'layerlab'); print(bad); sys.exit(bool(bad))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the real CLIs --------------------------------------------------------------------------------
+def test_fairseq_train_and_fairseq_hydra_train_give_identical_checkpoints(scan_bin, tmp_path):
+    """The shipped SCAN config under fairseq-hydra-train and the same settings as fairseq-train
+    flags: after 2 updates with the same seed, the same parameter names and bit-identical
+    values (same model, same initialisation, same training)."""
+    from conftest import run_cli
+
+    common = ["optimization.max_update=2", "dataset.disable_validation=true",
+              "dataset.num_workers=0"]
+    run_cli("fairseq-hydra-train", "--config-dir", f"{PLUGIN_DIR}/hydra_configs",
+            "--config-name", "scan_quickstart", f"task.data={scan_bin / 'bin'}",
+            f"common.user_dir={PLUGIN_DIR}", f"checkpoint.save_dir={tmp_path / 'hydra'}",
+            *common, cwd=tmp_path)
+    run_cli("fairseq-train", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--task", "seq2seq_eval",
+            "--eval-exact-match", "--eval-bleu-args",
+            '{"beam": 1, "max_len_a": 0, "max_len_b": 64}', "--arch", "fusion_transformer_tiny",
+            "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256", "--dropout", "0",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003",
+            "--lr-scheduler", "polynomial_decay", "--warmup-updates", "200",
+            "--total-num-update", "2", "--end-learning-rate", "0", "--max-tokens", "2048",
+            "--max-update", "2", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
+            "--num-workers", "0", "--save-dir", tmp_path / "argparse", cwd=tmp_path)
+    hydra = torch.load(tmp_path / "hydra" / "checkpoint_last.pt", weights_only=False)
+    argparse_ = torch.load(tmp_path / "argparse" / "checkpoint_last.pt", weights_only=False)
+    assert list(hydra["model"]) == list(argparse_["model"])
+    assert any("fuse_attn" in key for key in hydra["model"])  # the preset, not a plain model
+    for key, value in hydra["model"].items():
+        assert torch.equal(value, argparse_["model"][key]), key
+    # the stored config says which model it is, whichever entry point wrote it
+    for ckpt in (hydra, argparse_):
+        model_cfg = ckpt["cfg"]["model"]
+        assert model_cfg["encoder_fusion"] is True and model_cfg["encoder_ffn_embed_dim"] == 256
+
+
+def test_layer_weights_are_logged_to_tensorboard(scan_bin, tmp_path):
+    """--log-layer-weights with --tensorboard-logdir: fuse-attention's mean weights and the FC
+    bridge's block norms, read back from the event file. With a learning rate of 0 the bridge
+    keeps its "original" initialisation (decoder layer i reads the last encoder layer through
+    the identity: block norm sqrt(d) = 8, every other block 0), and each layer's fuse-attention
+    weights sum to 1 over the states it attends."""
+    from conftest import train
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    train(scan_bin, "fusion_transformer_tiny", "--bridge", "fc", "--log-layer-weights",
+          "--tensorboard-logdir", logdir, "--log-interval", "2", "--disable-validation",
+          "--lr", "0", updates=4, name="tensorboard")
+    events = EventAccumulator(str(logdir / "train_inner"))
+    events.Reload()
+    tags = [t for t in events.Tags()["scalars"] if t.startswith("lw_")]
+    values = {t: [e.value for e in events.Scalars(t)] for t in tags}
+    assert all(len(v) == 2 for v in values.values())  # updates 2 and 4
+    bridge = {t: v for t, v in values.items() if t.startswith("lw_encoder_bridge_")}
+    assert len(bridge) == 2 * 2  # 2 decoder layers x 2 encoder layers (h_1, h_2)
+    for tag, v in bridge.items():
+        assert v == pytest.approx([8.0] * 2 if tag.endswith("_e2") else [0.0] * 2, abs=1e-4)
+    for side, layers in (("encoder", (0, 1)), ("decoder", (0, 1))):
+        for layer in layers:
+            states = [t for t in values if t.startswith(f"lw_{side}_layers_{layer}_fuse_attn_s")]
+            assert len(states) == layer + 1, (side, layer, states)
+            for step in range(2):
+                assert sum(values[t][step] for t in states) == pytest.approx(1.0, abs=1e-3)
+
+
+# -- --log-layer-weights in-process ---------------------------------------------------------------
+def test_log_layer_weights_on_a_model_without_layer_weights_is_a_build_time_error():
+    from helpers import build_language_model, build_translation_model
+
+    with pytest.raises(ValueError, match="--log-layer-weights: layerwise_transformer_tiny has no"):
+        build_translation_model("layerwise_transformer_tiny", ["--log-layer-weights"])
+    with pytest.raises(ValueError, match="--log-layer-weights: gpt_baseline_lm_tiny has no"):
+        build_language_model("gpt_baseline_lm_tiny", ["--log-layer-weights"])
+
+
+def test_each_method_logs_its_own_weights_in_training_only():
+    from fairseq.logging import metrics
+    from helpers import build_translation_model, random_batch
+
+    for arch, expect in (("dwa_transformer_tiny", "depth_average"),
+                         ("transparent_transformer_tiny", "bridge"),
+                         ("fusion_transformer_tiny", "fuse_attn")):
+        model, task, _ = build_translation_model(arch, ["--log-layer-weights"])
+        src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+        with metrics.aggregate(new_root=True) as agg:
+            model.eval()
+            model(src, lengths, prev)
+            assert not any(k.startswith("lw_") for k in agg.get_smoothed_values()), arch
+            model.train()
+            model(src, lengths, prev)
+            logged = {k: v for k, v in agg.get_smoothed_values().items() if k.startswith("lw_")}
+        assert logged and all(expect in k for k in logged), (arch, list(logged))
+        if arch == "dwa_transformer_tiny":  # the alphas themselves
+            alphas = model.encoder.layers[1].depth_average.weight.tolist()
+            assert [logged[f"lw_encoder_layers_1_depth_average_s{j}"] for j in range(3)] == \
+                pytest.approx(alphas, abs=1e-5)
+        if arch == "transparent_transformer_tiny":  # each decoder layer's weights sum to 1
+            for i in range(2):
+                row = [v for k, v in logged.items() if k.startswith(f"lw_encoder_bridge_d{i}_")]
+                assert len(row) == 3 and sum(row) == pytest.approx(1.0, abs=1e-4)
