@@ -23,14 +23,56 @@ import sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
+class InputError(Exception):
+    """A checkpoint or data directory that cannot be analysed (one line, naming the file)."""
+
+
+def _first_line(error) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def read_checkpoint(checkpoint, data):
+    """The checkpoint's state with ``data`` as its data directory, or InputError when it is not
+    a readable checkpoint."""
+    from fairseq import checkpoint_utils
+
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides={"data": data})
+    except Exception as e:  # truncated, corrupt or not a checkpoint: torch says which, at length
+        raise InputError(f"{checkpoint}: not a readable fairseq checkpoint (truncated or "
+                         f"corrupt?): {_first_line(e)}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise InputError(f"{checkpoint}: not a fairseq checkpoint (no model state)")
+    return state
+
+
 def load(checkpoint, data, cpu):
     import torch
     from fairseq import checkpoint_utils
 
     import fairseq_plugins  # noqa: F401  (registers the architectures)
 
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data})
+    if not os.path.isdir(data):
+        raise InputError(f"--data {data}: no such directory (the data-bin the model was "
+                         "trained on)")
+    state = read_checkpoint(checkpoint, data)
+    try:  # (the state read above already holds --data: fairseq applies no overrides to it)
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint],
+                                                                          state=state)
+    except FileNotFoundError as e:
+        raise InputError(f"--data {data}: {_first_line(e)} (not the data-bin {checkpoint} was "
+                         "trained on?)") from None
+    except RuntimeError as e:
+        mismatch = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        if not mismatch:
+            raise
+        raise InputError(f"--data {data}: its dictionaries do not match {checkpoint} "
+                         f"({mismatch[0]})") from None
+    except Exception as e:
+        if "language pair" not in str(e):
+            raise
+        raise InputError(f"--data {data}: no dictionaries of a language pair (dict.SRC.txt, "
+                         f"dict.TGT.txt) for {checkpoint}") from None
     model = models[0]
     if torch.cuda.is_available() and not cpu:
         model = model.cuda()
@@ -114,7 +156,7 @@ def main(argv=None):
             if not os.path.isfile(c):
                 raise FileNotFoundError(f"{c}: no such checkpoint")
         results = [analyze(c, args) for c in checkpoints]
-    except (OSError, ValueError, KeyError) as e:
+    except (InputError, OSError, ValueError, KeyError) as e:
         print(f"analyze_layers.py: error: {e}", file=sys.stderr)
         return 2
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

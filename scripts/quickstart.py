@@ -23,6 +23,7 @@ import sys
 import time
 
 from layerlab import fairseq_log, paths, recipes, runs, stats
+from layerlab.progress import TrainingProgress
 
 # the default rows: the transformer and the package's two original ideas (docs/ideas/)
 DEFAULT_ARCHS = ["transformer_tiny", "fusion_transformer_tiny", "bridge_transformer_tiny"]
@@ -62,10 +63,14 @@ def validation_curve(train_log):
             "final_valid_exact_match": curve[-1][1] if curve else None}
 
 
+def run_dir_of(out_dir, arch, seed):
+    return os.path.join(out_dir, f"{arch}-seed{seed}")
+
+
 def train_and_evaluate(arch, seed, data, out_dir, args):
     """One architecture and seed, from scratch (the quickstart measures times), or with
     ``--resume`` the finished run in ``out_dir`` when it was made with the same recipe."""
-    run_dir = os.path.join(out_dir, f"{arch}-seed{seed}")
+    run_dir = run_dir_of(out_dir, arch, seed)
     done = runs.load_result(run_dir, recipe(args)) if args.resume else None
     if done is not None:
         return dict(done, resumed=True)
@@ -256,15 +261,23 @@ def main(argv=None):
     # than one run on every core, and a run's numbers do not depend on the machine's core count
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     done = {}
+    # while the runs train: updates done and the latest validation exact match of each (a line
+    # that updates in a terminal, a plain line per validation in a log)
+    progress = TrainingProgress(
+        {f"{arch} seed {seed}": os.path.join(run_dir_of(args.out_dir, arch, seed), "train.log")
+         for arch, seed in runs_todo}, args.max_update)
     try:
-        for (arch, seed, *_), r in runs.in_parallel(
-                train_and_evaluate,
-                [(arch, seed, data, args.out_dir, args) for arch, seed in runs_todo], jobs):
-            done[arch, seed] = r
-            print(f"      ({len(done)}/{len(runs_todo)}) {r['arch']} seed {r['seed']}: exact match "
-                  f"{r['exact_match']:.2f}% (validation at the end "
-                  f"{r['final_valid_exact_match']:.1f}%; train {r['train_seconds']} s, generate "
-                  f"{r['generate_seconds']} s)", flush=True)
+        with progress:
+            for (arch, seed, *_), r in runs.in_parallel(
+                    train_and_evaluate,
+                    [(arch, seed, data, args.out_dir, args) for arch, seed in runs_todo], jobs):
+                done[arch, seed] = r
+                progress.done(f"{arch} seed {seed}")
+                progress.print(
+                    f"      ({len(done)}/{len(runs_todo)}) {r['arch']} seed {r['seed']}: exact "
+                    f"match {r['exact_match']:.2f}% (validation at the end "
+                    f"{r['final_valid_exact_match']:.1f}%; train {r['train_seconds']} s, "
+                    f"generate {r['generate_seconds']} s)")
     except runs.StepError as e:
         raise SystemExit(f"quickstart: {e}") from None
     results = [done[key] for key in runs_todo]

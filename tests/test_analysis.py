@@ -243,3 +243,37 @@ def test_fuse_attention_depth_weights_are_reported():
         # layer i attends over h_0 .. h_{i-1}: i states, a distribution over them
         assert [len(weights[i]) for i in ("1", "2")] == [1, 2]
         assert all(sum(w) == pytest.approx(1.0, abs=1e-5) for w in weights.values())
+
+
+def test_bad_inputs_are_one_line_naming_the_file_and_nothing_is_written(tmp_path):
+    """A wrong --data directory, dictionaries that do not match the checkpoint, a data directory
+    of another kind, and a truncated checkpoint: each one line on stderr that names the file,
+    exit status 2, no traceback, no output folder."""
+    fixture = os.path.join(REPO, "tests", "fixtures", "fusion_transformer")
+    checkpoint = os.path.join(fixture, "checkpoint.pt")
+    other = tmp_path / "other-dicts"  # the fixture's dictionaries with fewer source words
+    other.mkdir()
+    src = open(os.path.join(fixture, "dict.src.txt")).read().splitlines()
+    (other / "dict.src.txt").write_text("\n".join(src[:3]) + "\n")
+    (other / "dict.tgt.txt").write_text(open(os.path.join(fixture, "dict.tgt.txt")).read())
+    lm_kind = tmp_path / "lm-kind"  # a language-model data-bin: no dict.src.txt
+    lm_kind.mkdir()
+    (lm_kind / "dict.txt").write_text("a 1\n")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(open(checkpoint, "rb").read()[:20000])
+    cases = [(checkpoint, tmp_path / "missing", "no such directory", "data"),
+             (checkpoint, other, "its dictionaries do not match", "both"),
+             (checkpoint, lm_kind, "was trained on?", "both"),
+             (truncated, fixture, "not a readable fairseq checkpoint", "checkpoint")]
+    for ckpt, data, what, names in cases:
+        out = tmp_path / "out"
+        proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"),
+                               str(ckpt), "--data", str(data), "--out-dir", str(out)],
+                              capture_output=True, text=True, env=cli_env())
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert lines[-1].startswith("analyze_layers.py: error: ") and what in lines[-1], lines
+        named = {"data": [data], "checkpoint": [ckpt], "both": [data, ckpt]}[names]
+        assert all(str(path) in lines[-1] for path in named), lines[-1]
+        assert not out.exists()

@@ -166,3 +166,45 @@ def test_cut_lines_copies_a_range_and_refuses_a_short_source(tmp_path):
     # too few lines: exit 2, and the previous file is neither truncated nor replaced
     assert main([str(src), str(dst), "--count", "5", "--skip", "8"]) == 2
     assert dst.read_text() == "line 1\nline 2\n" and not (tmp_path / "sub" / "dst.txt.tmp").exists()
+
+
+def test_training_progress_from_the_logs(tmp_path):
+    """A status line that is redrawn in a terminal, a plain line per new validation elsewhere;
+    finished runs and logs older than the monitor are not shown."""
+    import io
+    import json
+    import os
+
+    from layerlab.progress import TrainingProgress
+
+    def record(tag, **values):
+        return f"2026-01-01 | INFO | {tag} | {json.dumps(values)}\n"
+
+    old = tmp_path / "old.log"
+    old.write_text(record("train_inner", num_updates="3000"))
+    os.utime(old, (0, 0))
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    plain, term = io.StringIO(), io.StringIO()
+    logs = {"a": str(a), "b": str(b), "old": str(old)}
+    monitors = [TrainingProgress(logs, 3000, stream=plain, tty=False),
+                TrainingProgress(logs, 3000, stream=term, tty=True)]
+    a.write_text(record("train_inner", num_updates="100"))
+    for m in monitors:
+        m.tick()
+    assert plain.getvalue() == ""  # no validation yet: nothing in a log
+    assert term.getvalue() == "      training: a 100/3000"
+    with open(a, "a") as f:
+        f.write(record("valid", valid_num_updates="500", valid_exact_match="93.25"))
+    b.write_text(record("train_inner", num_updates="200"))
+    for m in monitors:
+        m.tick()
+        m.tick()  # nothing new: no second plain line
+    assert plain.getvalue() == "      a: 500/3000, valid exact match 93.2\n"
+    last = term.getvalue().rsplit("\r", 1)[-1]
+    assert last == "      training: a 500/3000, valid exact match 93.2; b 200/3000"
+    for m in monitors:
+        m.done("a")
+        m.print("      (1/2) a finished")
+    assert term.getvalue().endswith("\r      (1/2) a finished\n")  # the status line cleared first
+    monitors[1].tick()
+    assert term.getvalue().endswith("      training: b 200/3000")
