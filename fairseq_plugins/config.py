@@ -37,7 +37,7 @@ from argparse import Namespace
 from enum import Enum
 from typing import Any, Callable, Dict, List, Optional, Type
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from fairseq.dataclass import FairseqDataclass

@@ -236,17 +236,63 @@ def test_an_unknown_option_under_hydra_names_it_and_suggests_the_right_one():
         hydra_model_config("fusion_transformer_tiny", {"fusion_kindd": "dwa"})
 
 
-def test_criterion_and_task_dataclasses_check_their_fields_under_hydra():
+def hydra_criterion(node):
+    """cfg.criterion as fairseq-hydra-train hands it over (see hydra_model_config)."""
+    from fairseq.dataclass.configs import FairseqConfig
+
+    root = OmegaConf.structured(FairseqConfig)
+    OmegaConf.set_struct(root, False)
+    root.criterion = node
+    add_defaults(root)
+    root = OmegaConf.create(OmegaConf.to_container(root, resolve=True, enum_to_str=True))
+    return root.criterion
+
+
+def test_the_criterion_is_the_same_under_both_entry_points():
+    values = {"embedding_loss": "cosine", "embedding_loss_coeff": 8.0}
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        "/nonexistent-data", "--task", "language_modeling", "--arch", "ar_encdec_lm_tiny",
+        "--user-dir", PLUGIN_DIR, "--criterion", "lm_embedding_loss", "--embedding-loss",
+        "cosine", "--embedding-loss-coeff", "8"])
+    task = make_task(args)
+    via_argparse = task.build_criterion(convert_namespace_to_omegaconf(args).criterion)
+    via_hydra = task.build_criterion(hydra_criterion({"_name": "lm_embedding_loss", **values}))
+    assert type(via_argparse) is type(via_hydra)
+    for name in ("embedding_loss", "coeff", "sentence_avg"):
+        assert getattr(via_argparse, name) == getattr(via_hydra, name), name
+    assert (via_hydra.embedding_loss, via_hydra.coeff) == ("cosine", 8.0)
+    with pytest.raises(ValueError, match="--embedding-loss-coeff must be > 0"):
+        task.build_criterion(hydra_criterion({"_name": "lm_embedding_loss",
+                                              "embedding_loss": "mse",
+                                              "embedding_loss_coeff": -1.0}))
+
+
+def test_criterion_and_task_dataclasses_check_every_field_under_hydra():
+    """A value of the wrong type for every field the package's criterion and task declare
+    (beyond fairseq's own) is an error naming it when hydra merges the configuration."""
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+    from fairseq.criterions.cross_entropy import CrossEntropyCriterionConfig
     from fairseq.dataclass.utils import merge_with_parent
     from fairseq.tasks import TASK_DATACLASS_REGISTRY
+    from fairseq.tasks.translation import TranslationConfig
 
-    crit = CRITERION_DATACLASS_REGISTRY["lm_embedding_loss"]
-    with pytest.raises(Exception, match="embedding_loss"):
-        merge_with_parent(crit, OmegaConf.create({"embedding_loss": "l1"}))
-    task = TASK_DATACLASS_REGISTRY["seq2seq_eval"]
-    with pytest.raises(Exception, match="eval_exact_match"):
-        merge_with_parent(task, OmegaConf.create({"eval_exact_match": "maybe"}))
+    checked = 0
+    for dc, parent in ((CRITERION_DATACLASS_REGISTRY["lm_embedding_loss"],
+                        CrossEntropyCriterionConfig),
+                       (TASK_DATACLASS_REGISTRY["seq2seq_eval"], TranslationConfig)):
+        inherited = {f.name for f in dataclasses.fields(parent)}
+        for f in dataclasses.fields(dc):
+            if f.name in inherited:
+                continue
+            kind = config._inner_type(f.type)
+            wrong = "abc" if kind in (int, float) else "maybe" if kind is bool else (
+                "bogus" if kind is not str else None)
+            if wrong is None:
+                continue  # a free string: every value is one
+            with pytest.raises(Exception, match=f.name):
+                merge_with_parent(dc, OmegaConf.create({f.name: wrong}))
+            checked += 1
+    assert checked == 5  # embedding_loss, embedding_loss_coeff, eval_exact_match, eval_cter, ..._strict
 
 
 def test_the_plugin_does_not_import_the_experiment_library():
