@@ -40,9 +40,9 @@ RUNS = {
     "hydra_scan": ([("--split simple", "--split simple --valid-size 100"),
                     ("common.user_dir=$PWD/fairseq_plugins",
                      "common.user_dir=$PWD/fairseq_plugins optimization.max_update=20 "
-                     "dataset.validate_interval_updates=10 checkpoint.save_interval_updates=10 "
+                     "dataset.validate_interval_updates=20 checkpoint.save_interval_updates=20 "
                      "dataset.num_workers=0"),
-                    ("--gen-subset test", "--gen-subset valid")],
+                    ("--gen-subset test", "--gen-subset valid --max-len-b 10")],
                    ["checkpoints/checkpoint_best.pt", "gen.txt"]),
     "hydra_lm": ([("--dataset wikitext-2 --vocab-size 8000",
                    "--text wikitext-2-head.txt --name wikitext-2 --vocab-size 1000"),
