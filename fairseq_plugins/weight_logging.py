@@ -37,30 +37,42 @@ def sources(model: nn.Module) -> Dict[str, nn.Module]:
             if callable(getattr(module, "logged_weights", None))}
 
 
-def collect(model: nn.Module) -> Dict[str, Tensor]:
-    """{metric name: scalar tensor} of every source's weights now."""
+def collect(found: Dict[str, nn.Module]) -> Dict[str, Tensor]:
+    """{metric name: scalar tensor} of the weights of ``found`` (:func:`sources`) now."""
     out = {}
-    for path, module in sources(model).items():
+    for path, module in found.items():
         for key, value in module.logged_weights().items():
             out[f"{PREFIX}{path.replace('.', '_')}_{key}"] = value
     return out
 
 
-def enable(model: nn.Module, arch: str):
-    """Switch logging on for ``model`` (built as ``arch``): the sources that keep something from
-    the forward pass (fuse-attention's weights) start keeping it. A model without any source is
-    an error: the option would log nothing."""
-    found = sources(model)
-    if not found:
-        raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log "
-                         "(switch a method on, e.g. --encoder-fusion, --fusion-kind dwa, "
-                         "--bridge fc)")
-    for module in found.values():
-        if hasattr(module, "log_weights"):
-            module.log_weights = True
+class LogsLayerWeights:
+    """What a model of this package needs for ``--log-layer-weights`` (put it before the fairseq
+    model class among the bases): its build calls :meth:`start_logging_layer_weights` when the
+    option is on, and every training forward pass then logs the weights with fairseq's metrics.
+    The sources are found once, at build time (they do not change)."""
 
+    log_layer_weights = False
 
-def log(model: nn.Module):
-    """Log every source's weights with fairseq's metrics (call after a training forward)."""
-    for name, value in collect(model).items():
-        metrics.log_scalar(name, value, weight=1, round=5)
+    def start_logging_layer_weights(self, arch: str):
+        """Switch logging on for this model (built as ``arch``): the sources that keep something
+        from the forward pass (fuse-attention's weights) start keeping it. A model without any
+        source is an error: the option would log nothing."""
+        found = sources(self)
+        if not found:
+            raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log "
+                             "(switch a method on, e.g. --encoder-fusion, --fusion-kind dwa, "
+                             "--bridge fc)")
+        for module in found.values():
+            if hasattr(module, "log_weights"):
+                module.log_weights = True
+        self.layer_weight_sources = found
+        self.log_layer_weights = True
+
+    def forward(self, *args, **kwargs):
+        """The model's forward; with ``--log-layer-weights``, a training pass logs the weights."""
+        out = super().forward(*args, **kwargs)
+        if self.training and self.log_layer_weights:
+            for name, value in collect(self.layer_weight_sources).items():
+                metrics.log_scalar(name, value, weight=1, round=5)
+        return out

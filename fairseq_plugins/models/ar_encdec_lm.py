@@ -30,6 +30,7 @@ from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, lm_sizes
 
 MODEL_NAME = "ar_encdec_lm"
 POS_SUBTRACTION = ("none", "yes_no_ln", "yes_ln")
+REFERENCE_CROSS_HEADS = 10  # the reference configuration's cross-attention heads
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ArEncDecLMConfig(CausalLMConfig):
     ``model.cross_attention_heads`` ...), beside those both language models share."""
     cross_attention_heads: Optional[int] = option(
         None, "heads of the decoder's causal cross-attention", minimum=1, metavar="H",
-        default_text="the --arch's, else --attention-heads")
+        default_text=f"the --arch's; ar_encdec_lm: {REFERENCE_CROSS_HEADS}")
     pos_embed_subtraction: Optional[str] = option(
         "none", "after the final LayerNorm, subtract the next position's embedding (yes_no_ln; "
                 "yes_ln: then a LayerNorm)", choices=POS_SUBTRACTION)
@@ -139,8 +140,6 @@ class ArEncDecLM(CausalLM):
 
     @classmethod
     def validate(cls, args):
-        if args.cross_attention_heads is None:
-            args.cross_attention_heads = args.attention_heads
         if args.embed_dim % args.cross_attention_heads:
             raise ValueError(f"--cross-attention-heads={args.cross_attention_heads} must divide "
                              f"--embed-dim={args.embed_dim}")
@@ -150,9 +149,6 @@ class ArEncDecLM(CausalLM):
         elif requested and not args.embedding_loss_norms:
             raise ValueError(f"--embedding-loss {requested} needs the embedding-loss LayerNorms: "
                              "drop --no-embedding-loss-norms")
-
-
-REFERENCE_CROSS_HEADS = 10
 
 
 def _preset(name, embed_dim, layers, heads, cross_heads):

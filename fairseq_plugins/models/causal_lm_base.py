@@ -185,13 +185,12 @@ def tied_output_projection(features: Tensor, weight: Tensor) -> Tensor:
     return F.linear(features, weight)
 
 
-class CausalLM(FairseqLanguageModel):
+class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
     """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`. Subclasses name their
     ``decoder_class``, options (``config_class``, registered with the model), ``model_name``
     and ``reference_sizes`` (the sizes of ``--arch model_name``)."""
 
     decoder_class = None
-    log_layer_weights = False  # --log-layer-weights, set at build time
     config_class = CausalLMConfig
     model_name = None
     reference_sizes = None
@@ -221,9 +220,8 @@ class CausalLM(FairseqLanguageModel):
         decoder.init_weights()
         _unregister_missing_parameters(decoder)
         model = cls(decoder)
-        model.log_layer_weights = args.log_layer_weights
-        if model.log_layer_weights:
-            weight_logging.enable(model, args.arch)
+        if args.log_layer_weights:
+            model.start_logging_layer_weights(args.arch)
         logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
                     "positional table excluded)", args.arch,
                     f"{decoder.reference_parameter_count():,}")
@@ -232,14 +230,6 @@ class CausalLM(FairseqLanguageModel):
     @classmethod
     def validate(cls, args):
         """Model-specific build-time checks (subclasses)."""
-
-    def forward(self, src_tokens, **kwargs):
-        """fairseq's forward; with ``--log-layer-weights``, training passes log the methods'
-        weights (:mod:`fairseq_plugins.weight_logging`)."""
-        out = super().forward(src_tokens, **kwargs)
-        if self.training and self.log_layer_weights:
-            weight_logging.log(self)
-        return out
 
     def reference_parameter_count(self) -> int:
         return self.decoder.reference_parameter_count()

@@ -48,10 +48,8 @@ def complete(args):
 
 
 @register_model(MODEL_NAME, dataclass=options.LayerwiseTransformerConfig)
-class LayerwiseTransformerModel(TransformerModel):
+class LayerwiseTransformerModel(weight_logging.LogsLayerWeights, TransformerModel):
     """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
-
-    log_layer_weights = False  # --log-layer-weights, set at build time
 
     @classmethod
     def add_args(cls, parser):
@@ -66,18 +64,9 @@ class LayerwiseTransformerModel(TransformerModel):
                                  layerwise_base_architecture, complete=complete)
         model = super().build_model(args, task)
         check_finetune_source(model, args)
-        model.log_layer_weights = args.log_layer_weights
-        if model.log_layer_weights:
-            weight_logging.enable(model, args.arch)
+        if args.log_layer_weights:
+            model.start_logging_layer_weights(args.arch)
         return model
-
-    def forward(self, *args, **kwargs):
-        """fairseq's forward; with ``--log-layer-weights``, training passes log the methods'
-        weights (:mod:`fairseq_plugins.weight_logging`)."""
-        out = super().forward(*args, **kwargs)
-        if self.training and self.log_layer_weights:
-            weight_logging.log(self)
-        return out
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
