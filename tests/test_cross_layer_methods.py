@@ -8,7 +8,7 @@ from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, assert_starts_a
                      build_translation_model, calls_in_one_beam_search, incremental_decode,
                      random_batch)
 
-from fairseq_plugins.modules.depth_weighted_average import (DepthWeightedAverage, dwa_inputs,
+from fairseq_plugins.depth.dwa import (DepthWeightedAverage, dwa_inputs,
                                                              has_dwa)
 
 PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]

@@ -158,7 +158,7 @@ def test_layer_called_outside_stack_is_a_clear_error():
 @pytest.mark.parametrize("depth", [1, 2, 3, 6])
 def test_fuse_attention_equals_multihead_attention_over_depth(depth):
     """Both computation paths are the MHA over [h_0..h_l] that the LRF paper defines: values and grads."""
-    from fairseq_plugins.modules.fuse_attention import FuseAttention
+    from fairseq_plugins.depth.lrf import FuseAttention
 
     torch.manual_seed(depth)
     d, heads, T, B = 32, 4, 5, 3

@@ -152,18 +152,12 @@ class LayerAnalysis:
 
     def _add_lm(self, net, target):
         decoder = self.model.decoder
-        states: List[Tensor] = []
-        handles = [layer.register_forward_hook(lambda m, a, out: states.append(out))
-                   for layer in decoder.layers]
-        try:
-            with UpdateRecorder(decoder.layers) as updates:
-                logits, _ = self.model(net["src_tokens"])
-        finally:
-            for handle in handles:
-                handle.remove()
+        with UpdateRecorder(decoder.layers, decoder.depth) as updates:
+            logits, _ = self.model(net["src_tokens"])
         tokens = net["src_tokens"]
         positions = torch.arange(tokens.size(1), device=tokens.device)
-        dec_states = [updates.inputs[0]] + states  # the first block's input, then every block's
+        # the first block's input, then every block's output (the stack's views of its state)
+        dec_states = [updates.inputs[0]] + [updates.outputs[i] for i in range(len(decoder.layers))]
         mask = target.ne(self.pad).t()
         self._stack_cka("decoder", dec_states, mask)
         self._logit_lens(dec_states, target,

@@ -31,10 +31,17 @@ UNSUPPORTED = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")  # fairseq's --s
 class UpdateRecorder:
     """Hooks on the layers of one stack. After a forward, ``terms[i]`` maps each contribution of
     layer i to its tensor (T x B x C) and ``inputs[i]`` / ``outputs[i]`` are the layer's input and
-    output. Use as a context manager (the hooks are removed at exit)."""
+    output. Use as a context manager (the hooks are removed at exit).
 
-    def __init__(self, layers: nn.ModuleList):
+    ``depth``: the stack's :class:`~fairseq_plugins.depth.interface.Depth` where the blocks run
+    through one (the language models' blocks take the stack's state, not a tensor): the inputs
+    and outputs are then its block views. ``additive``: whether the outputs decompose into the
+    terms (False for connections that mix streams: Hyper-Connections, MUDD)."""
+
+    def __init__(self, layers: nn.ModuleList, depth: Optional[nn.Module] = None):
         self.layers = layers
+        self.depth = depth
+        self.additive = depth is None or depth.connection.additive
         self.handles = []
         self.terms: Dict[int, Dict[str, Tensor]] = defaultdict(dict)
         self.inputs: Dict[int, Tensor] = {}
@@ -45,6 +52,11 @@ class UpdateRecorder:
                     raise ValueError(f"layer {i} uses {name} (fairseq's --scale-* options): its "
                                      "update decomposition is not implemented")
             self._hook_layer(i, layer)
+        if depth is not None:
+            def block_state(module, args, output):
+                x, block, where = args
+                (self.inputs if where == "input" else self.outputs)[block] = x
+            self.handles.append(depth.block_states.register_forward_hook(block_state))
 
     def _hook_layer(self, i: int, layer: nn.Module):
         def layer_pre(module, args, kwargs):
@@ -53,8 +65,9 @@ class UpdateRecorder:
         def layer_post(module, args, kwargs, output):
             self.outputs[i] = output[0] if isinstance(output, tuple) else output
 
-        self.handles.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
-        self.handles.append(layer.register_forward_hook(layer_post, with_kwargs=True))
+        if self.depth is None:
+            self.handles.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(layer_post, with_kwargs=True))
         for name, label in SUBLAYERS.items():
             module = getattr(layer, name, None)
             if module is not None:
@@ -100,8 +113,11 @@ class UpdateRecorder:
 
 def check_complete(recorder: UpdateRecorder, atol: float = 1e-4) -> float:
     """The largest |input + sum of terms - output| over the recorded layers (raises when it is
-    above ``atol``: a contribution is missing)."""
+    above ``atol``: a contribution is missing); 0.0 where the stack's connection is not additive
+    (nothing to check)."""
     worst = 0.0
+    if not recorder.additive:
+        return worst
     for i, output in recorder.outputs.items():
         total = recorder.inputs[i] + sum(recorder.terms[i].values())
         error = (total - output).abs().max().item()

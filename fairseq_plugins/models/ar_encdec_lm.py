@@ -26,7 +26,8 @@ from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per
 from ..config import architecture, option
 from ..registry import register_model, register_model_architecture
 from ..criterions import embedding_loss_contract
-from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, lm_sizes
+from ..depth.interface import run_blocks
+from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, build_stack, lm_sizes
 
 MODEL_NAME = "ar_encdec_lm"
 POS_SUBTRACTION = ("none", "yes_no_ln", "yes_ln")
@@ -62,17 +63,17 @@ class ArEncDecDecoder(CausalLMDecoder):
 
     def __init__(self, args, dictionary):
         super().__init__(args, dictionary, extra_positions=1)
-        d, bias, drop = args.embed_dim, args.bias, args.dropout
+        d, bias = args.embed_dim, args.bias
         ffn = args.ffn_embed_dim or 4 * d
-        self.encoder_layers = nn.ModuleList(
-            PreNormBlock(d, args.attention_heads, ffn, bias, drop) for _ in range(args.layers))
+        self.encoder_depth, self.encoder_layers = build_stack(
+            args, "encoder", PreNormBlock, args.attention_heads, ffn)
         self.decoder_input_layer_norm = (layer_norm(d, bias) if args.ln_before_decoder_input
                                          else None)
         self.decoder_input_proj = nn.Linear(d, d, bias=False)
         self.add_pos_embed_to_decoder = args.add_pos_embed_to_decoder
-        self.layers = nn.ModuleList(
-            CrossDecoderBlock(d, args.attention_heads, args.cross_attention_heads, ffn, bias, drop,
-                              order=args.decoder_block_order) for _ in range(args.layers))
+        self.depth, self.layers = build_stack(
+            args, "decoder", CrossDecoderBlock, args.attention_heads, args.cross_attention_heads,
+            ffn, order=args.decoder_block_order)
         self.pos_embed_subtraction = args.pos_embed_subtraction
         self.pos_subtraction_layer_norm = (layer_norm(d, bias)
                                            if args.pos_embed_subtraction == "yes_ln" else None)
@@ -87,9 +88,9 @@ class ArEncDecDecoder(CausalLMDecoder):
             prev_output_tokens = prev_output_tokens[:, -1:]
         embedded = self.embed(prev_output_tokens, positions)  # B x T x C
         x = self.dropout(embedded).transpose(0, 1)
-        for layer in self.encoder_layers:
-            x = layer(x, incremental_state=incremental_state)
-        encoder_out = x  # T x B x C, raw (no final LayerNorm)
+        step = {"incremental_state": incremental_state}
+        encoder_out = run_blocks(self.encoder_depth, self.encoder_layers, x, lambda i: step)
+        x = encoder_out  # T x B x C, raw (no final LayerNorm)
 
         if self.decoder_input_layer_norm is not None:
             x = self.decoder_input_layer_norm(x)
@@ -100,8 +101,8 @@ class ArEncDecDecoder(CausalLMDecoder):
         projection = built_once_per_search(self, incremental_state, "memory_projection",
                                            lambda: memory_projection(self.layers))
         memories = project_memories(self.layers, encoder_out, projection)
-        for layer, memory_kv in zip(self.layers, memories):
-            x = layer(x, memory_kv, incremental_state=incremental_state)
+        x = run_blocks(self.depth, self.layers, x,
+                       lambda i: {"memory_kv": memories[i], **step})
         x = self.head(x, positions)
 
         extra = {"attn": [None], "encoder_out": encoder_out.transpose(0, 1)}
@@ -131,6 +132,7 @@ class ArEncDecLM(CausalLM):
     # the reference configuration: d=150, 13 + 13 blocks, 5 self-attention heads (and 10
     # cross-attention heads: REFERENCE_CROSS_HEADS)
     reference_sizes = (150, 13, 5)
+    stacks = ("encoder", "decoder")
 
     @classmethod
     def base_architecture(cls, args):

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
-from .. import config, weight_logging
+from .. import config, depth, weight_logging
 from ..config import from_config, option
+from ..depth import fusion
 from ..modules.lm_blocks import layer_norm
 from ..modules import precision
 
@@ -28,9 +29,11 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class CausalLMConfig(weight_logging.WeightLoggingConfig):
+class CausalLMConfig(*reversed(depth.CONFIGS), fusion.CONFIG, weight_logging.WeightLoggingConfig):
     """The options both language models share (flags ``--embed-dim`` ...; hydra
-    ``model.embed_dim`` ...). The sizes' defaults are the architecture's (``--arch``)."""
+    ``model.embed_dim`` ...), the depth connections' among them (``--decoder-fusion``,
+    ``--hyper-connections`` ...: :mod:`fairseq_plugins.depth`). The sizes' defaults are the
+    architecture's (``--arch``)."""
     embed_dim: Optional[int] = option(None, "model width d", minimum=1, metavar="D",
                                       default_text="the --arch's")
     layers: Optional[int] = option(None, "number of blocks (ar_encdec_lm: L encoder blocks and "
@@ -64,8 +67,15 @@ def lm_sizes(args, embed_dim, layers, heads):
     args.attention_heads = getattr(args, "attention_heads", heads)
 
 
-def validate_lm_args(args):
-    """The checks between options (each option's own range is checked by the config)."""
+def validate_lm_args(args, stacks=("decoder",)):
+    """The checks between options (each option's own range is checked by the config);
+    ``stacks``: the model's stacks ('encoder', 'decoder')."""
+    for side in ("encoder", "decoder"):
+        if side not in stacks and getattr(args, f"{side}_fusion", False):
+            raise ValueError(f"--{side}-fusion: {args.arch} has no {side} stack; its stacks: "
+                             f"{', '.join(f'--{s}-fusion' for s in stacks)}")
+    fusion.validate(args)
+    depth.validate(args)
     if args.embed_dim % args.attention_heads:
         raise ValueError(f"--attention-heads={args.attention_heads} must divide "
                          f"--embed-dim={args.embed_dim}")
@@ -75,6 +85,28 @@ def validate_lm_args(args):
     if tokens is not None and tokens > args.max_target_positions:
         raise ValueError(f"--tokens-per-sample={tokens} is longer than the positional table "
                          f"(--max-target-positions={args.max_target_positions})")
+
+
+def build_stack(args, side: str, block_class, *sizes, **block_options):
+    """One stack of ``args.layers`` blocks of ``block_class`` (``PreNormBlock`` or
+    ``CrossDecoderBlock``, built as ``block_class(embed_dim, *sizes, bias, dropout, ...)``) and
+    its depth connections -> (Depth, ModuleList of blocks)."""
+    num, dim = args.layers, args.embed_dim
+    stack_fusion = fusion.resolve(args, side, num, heads=args.attention_heads, dim=dim)
+
+    def fuses(i):
+        return (stack_fusion is not None and stack_fusion.kind == "attention"
+                and i in stack_fusion.layers)
+
+    layout = tuple(block_class.layout(fuses(i), **block_options) for i in range(num))
+    stack_depth = depth.build(args, side, layout, dim, fusion=stack_fusion)
+    blocks = nn.ModuleList(
+        block_class(dim, *sizes, args.bias, args.dropout, index=i,
+                    separate_kv=stack_depth.separate_inputs(i),
+                    fusion_heads=stack_fusion.heads if fuses(i) else None,
+                    fusion_first_state=stack_depth.fusion_first_state, **block_options)
+        for i in range(num))
+    return stack_depth, blocks
 
 
 class CausalLMDecoder(FairseqIncrementalDecoder):
@@ -127,9 +159,15 @@ class CausalLMDecoder(FairseqIncrementalDecoder):
 
     def init_weights(self):
         """N(0, 0.02) for every Linear and Embedding, 0.02/sqrt(2L) for residual projections
-        (attention ``out_proj`` and MLP ``fc2``), zero biases; LayerNorms stay (1, 0)."""
+        (attention ``out_proj`` and MLP ``fc2``), zero biases; LayerNorms stay (1, 0). The
+        depth connections (:class:`~fairseq_plugins.depth.interface.Depth`) keep their own
+        initialisation (the methods' papers': e.g. MUDD's zero W2)."""
         residual_std = 0.02 / math.sqrt(2 * self.num_layers_for_init)
+        connections = {name for name, module in self.named_modules()
+                       if isinstance(module, depth.Depth)}
         for name, module in self.named_modules():
+            if any(name.startswith(f"{c}.") for c in connections):
+                continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith(("out_proj", "fc2")) else 0.02
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -194,6 +232,7 @@ class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
     config_class = CausalLMConfig
     model_name = None
     reference_sizes = None
+    stacks = ("decoder",)  # the model's stacks, as the depth-connection flags name them
 
     @classmethod
     def add_args(cls, parser):
@@ -207,7 +246,7 @@ class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
 
     @classmethod
     def complete(cls, args):
-        validate_lm_args(args)
+        validate_lm_args(args, cls.stacks)
         cls.validate(args)
 
     @classmethod

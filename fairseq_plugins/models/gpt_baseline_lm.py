@@ -1,34 +1,34 @@
 """``gpt_baseline_lm``: the decoder-only baseline of yif-AI's
 ``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions,
 final LayerNorm, tied output, no biases by default)."""
-from torch import nn
-
 from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
 from ..config import architecture
-from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, lm_sizes
+from ..depth.interface import run_blocks
+from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, build_stack, lm_sizes
 
 MODEL_NAME = "gpt_baseline_lm"
 
 
 class GPTBaselineDecoder(CausalLMDecoder):
-    """tokens B x T -> logits B x T x V through L pre-norm causal blocks."""
+    """tokens B x T -> logits B x T x V through L pre-norm causal blocks, connected by the
+    stack's depth connection (``self.depth``; the plain residual unless a depth-connection
+    flag is on)."""
 
     def __init__(self, args, dictionary):
         super().__init__(args, dictionary)
         ffn = args.ffn_embed_dim or 4 * args.embed_dim
-        self.layers = nn.ModuleList(
-            PreNormBlock(args.embed_dim, args.attention_heads, ffn, args.bias, args.dropout)
-            for _ in range(args.layers))
+        self.depth, self.layers = build_stack(args, "decoder", PreNormBlock, args.attention_heads,
+                                              ffn)
 
     def extract_features(self, prev_output_tokens, incremental_state=None, **unused):
         positions = self.positions(prev_output_tokens, incremental_state)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         x = self.dropout(self.embed(prev_output_tokens, positions)).transpose(0, 1)
-        for layer in self.layers:
-            x = layer(x, incremental_state=incremental_state)
+        x = run_blocks(self.depth, self.layers, x,
+                       lambda i: {"incremental_state": incremental_state})
         return self.head(x, positions), {"attn": [None]}
 
     def head(self, x, positions):

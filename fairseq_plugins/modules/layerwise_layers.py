@@ -30,8 +30,8 @@ from fairseq.modules.transformer_layer import (
 
 from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
-from .depth_weighted_average import DepthWeightedAverage
-from .fuse_attention import FuseAttention, LayerHistory
+from ..depth.dwa import DepthWeightedAverage
+from ..depth.lrf import FuseAttention, LayerHistory
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ autoregressive encoder-decoder's causally masked cross-attention). With an incre
 each call takes the new positions only and the keys/values of earlier positions come from the
 cache, so one generation step costs O(context), not a re-run.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from fairseq.incremental_decoding_utils import with_incremental_state
 
+from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
+from ..depth.lrf import FuseAttention
 from . import precision
 
 
@@ -101,7 +103,7 @@ class CausalAttention(nn.Module):
             2, 1, 3, 0, 4).unbind(0)
 
     def _weights(self, incremental_state, name: str) -> Dict[str, Optional[Tensor]]:
-        """{"weight", "bias"} of ``name`` ('qkv', 'q', 'kv': input projections; 'out'), built
+        """{"weight", "bias"} of ``name`` ('qkv', 'q', 'k', 'v', 'kv': input projections; 'out'), built
         once per search in incremental decoding (:func:`built_once_per_search`)."""
         def build():
             if name != "out":
@@ -117,17 +119,30 @@ class CausalAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-                memory_kv: Optional[Tuple[Tensor, Tensor]] = None):
-        """x: T x B x C queries (and keys/values unless a memory is given); memory: T x B x C;
-        memory_kv: the memory's keys and values already projected (B x H x T x hp each, from
-        :meth:`input_weights` with ``(k_proj, v_proj)`` and :meth:`split_heads`).
-        -> T x B x C."""
-        if memory is None and memory_kv is None:
+                memory_kv: Optional[Tuple[Tensor, Tensor]] = None,
+                key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                value_mix: Optional[Callable[[Tensor], Tensor]] = None):
+        """x: T x B x C queries (and keys/values unless a memory or separate inputs are
+        given); memory: T x B x C; memory_kv: the memory's keys and values already projected
+        (B x H x T x hp each, from :meth:`input_weights` with ``(k_proj, v_proj)`` and
+        :meth:`split_heads`); key / value: separate T x B x C inputs of the key and value
+        projections (a depth connection's, e.g. MUDD); value_mix: applied to the values of
+        this call's positions (B x H x T x hp) before they are cached and attended (value
+        residual). -> T x B x C."""
+        if key is not None or value is not None:
+            q, = self.split_heads(F.linear(x, **self._weights(incremental_state, "q")))
+            k, = self.split_heads(F.linear(x if key is None else key,
+                                           **self._weights(incremental_state, "k")))
+            v, = self.split_heads(F.linear(x if value is None else value,
+                                           **self._weights(incremental_state, "v")))
+        elif memory is None and memory_kv is None:
             q, k, v = self.split_heads(F.linear(x, **self._weights(incremental_state, "qkv")))
         else:
             q, = self.split_heads(F.linear(x, **self._weights(incremental_state, "q")))
             k, v = memory_kv if memory_kv is not None else self.split_heads(
                 F.linear(memory, **self._weights(incremental_state, "kv")))
+        if value_mix is not None:
+            v = value_mix(v)
         causal = True
         if incremental_state is not None:
             cache = self.get_incremental_state(incremental_state, "cache")
@@ -167,35 +182,86 @@ class FeedForward(nn.Module):
 
 
 class PreNormBlock(nn.Module):
-    """x + attn(LN(x)); x + MLP(LN(x)): a GPT-2 block (the baseline's and the AR encoder's)."""
+    """x + attn(LN(x)); x + MLP(LN(x)): a GPT-2 block (the baseline's and the AR encoder's),
+    run through the stack's depth connection (:mod:`fairseq_plugins.depth.interface`): every
+    sub-layer reads its input from the connection and writes its output back.
 
-    def __init__(self, embed_dim, heads, ffn_dim, bias, dropout):
+    ``index``: the block's 0-based place in its stack; ``separate_kv``: its self-attention
+    reads separate key and value inputs (MUDD), each with a LayerNorm of its own
+    (``key_layer_norm``, ``value_layer_norm``; initialised like ``self_attn_layer_norm``, so
+    that equal inputs give equal normalised inputs); ``fusion_heads``: the block has LRF's
+    fuse-attention sub-layer after its attention (None: not)."""
+
+    sublayers = (SELF, FFN)
+
+    def __init__(self, embed_dim, heads, ffn_dim, bias, dropout, index: int = 0,
+                 separate_kv: bool = False, fusion_heads: Optional[int] = None,
+                 fusion_first_state: int = 0):
         super().__init__()
+        self.index = index
         self.self_attn_layer_norm = layer_norm(embed_dim, bias)
         self.self_attn = CausalAttention(embed_dim, heads, bias, dropout)
+        if separate_kv:
+            self.key_layer_norm = layer_norm(embed_dim, bias)
+            self.value_layer_norm = layer_norm(embed_dim, bias)
+        else:
+            self.key_layer_norm = self.value_layer_norm = None
+        if fusion_heads is not None:
+            self.fuse_attn = FuseAttention(embed_dim, fusion_heads, dropout=dropout,
+                                           first_state=fusion_first_state)
+            self.fuse_attn_layer_norm = layer_norm(embed_dim, bias)
+        else:
+            self.fuse_attn = self.fuse_attn_layer_norm = None
         self.final_layer_norm = layer_norm(embed_dim, bias)
         self.ffn = FeedForward(embed_dim, ffn_dim, bias, dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def _self(self, x, incremental_state):
-        return x + self.dropout(self.self_attn(self.self_attn_layer_norm(x),
-                                               incremental_state=incremental_state))
+    @classmethod
+    def layout(cls, fuses: bool, **unused) -> Tuple[str, ...]:
+        """The block's sub-layers in order (the depth connection's layout)."""
+        return (SELF, FUSE, FFN) if fuses else (SELF, FFN)
 
-    def forward(self, x, incremental_state=None):
-        x = self._self(x, incremental_state)
-        return x + self.ffn(self.final_layer_norm(x))
+    def _self(self, state: StackState, depth: Depth, incremental_state):
+        inputs, token = depth.read(state, self.index, SELF)
+        key = value = None
+        if self.key_layer_norm is not None and inputs.key is not None:
+            key, value = self.key_layer_norm(inputs.key), self.value_layer_norm(inputs.value)
+        out = self.self_attn(self.self_attn_layer_norm(inputs.query), key=key, value=value,
+                             incremental_state=incremental_state,
+                             value_mix=depth.value_mix(state, self.index))
+        depth.write(state, self.index, SELF, self.dropout(out), token)
+
+    def _fuse(self, state: StackState, depth: Depth):
+        if self.fuse_attn is None:
+            return
+        inputs, token = depth.read(state, self.index, FUSE)
+        out, _ = self.fuse_attn(self.fuse_attn_layer_norm(inputs.query),
+                                depth.fused_states(state, self.index))
+        depth.write(state, self.index, FUSE, self.dropout(out), token)
+
+    def _ffn(self, state: StackState, depth: Depth):
+        inputs, token = depth.read(state, self.index, FFN)
+        depth.write(state, self.index, FFN, self.ffn(self.final_layer_norm(inputs.query)), token)
+
+    def forward(self, state: StackState, depth: Depth, incremental_state=None):
+        """Runs the block on ``state`` (see :meth:`Depth.read`); returns nothing."""
+        self._self(state, depth, incremental_state)
+        self._fuse(state, depth)
+        self._ffn(state, depth)
 
 
 class CrossDecoderBlock(PreNormBlock):
     """The AR encoder-decoder's decoder block: causal self-attention, causally masked
     cross-attention over LN(final encoder output) (a LayerNorm of its own per block), MLP.
-    Order 'original': self -> cross -> MLP; 'alt': cross -> self -> MLP.
+    Order 'original': self -> cross -> MLP; 'alt': cross -> self -> MLP (a fuse-attention,
+    if any, after both).
 
     The keys and values of the cross-attention come from :func:`project_memories`, which
     computes them for all blocks at once."""
 
-    def __init__(self, embed_dim, heads, cross_heads, ffn_dim, bias, dropout, order="original"):
-        super().__init__(embed_dim, heads, ffn_dim, bias, dropout)
+    def __init__(self, embed_dim, heads, cross_heads, ffn_dim, bias, dropout, order="original",
+                 **depth_options):
+        super().__init__(embed_dim, heads, ffn_dim, bias, dropout, **depth_options)
         if order not in ("original", "alt"):
             raise ValueError(f"decoder block order must be original or alt, got {order!r}")
         self.order = order
@@ -203,19 +269,27 @@ class CrossDecoderBlock(PreNormBlock):
         self.memory_layer_norm = layer_norm(embed_dim, bias)  # the encoder output (keys/values)
         self.encoder_attn = CausalAttention(embed_dim, cross_heads, bias, dropout)
 
-    def _cross(self, x, memory_kv, incremental_state):
-        return x + self.dropout(self.encoder_attn(self.encoder_attn_layer_norm(x),
-                                                  memory_kv=memory_kv,
-                                                  incremental_state=incremental_state))
+    @classmethod
+    def layout(cls, fuses: bool, order: str = "original", **unused) -> Tuple[str, ...]:
+        attention = (SELF, CROSS) if order == "original" else (CROSS, SELF)
+        return attention + ((FUSE,) if fuses else ()) + (FFN,)
 
-    def forward(self, x, memory_kv, incremental_state=None):
-        """x: T x B x C decoder stream; memory_kv: this block's entry of
-        :func:`project_memories`."""
+    def _cross(self, state: StackState, depth: Depth, memory_kv, incremental_state):
+        inputs, token = depth.read(state, self.index, CROSS)
+        out = self.encoder_attn(self.encoder_attn_layer_norm(inputs.query), memory_kv=memory_kv,
+                                incremental_state=incremental_state)
+        depth.write(state, self.index, CROSS, self.dropout(out), token)
+
+    def forward(self, state: StackState, depth: Depth, memory_kv, incremental_state=None):
+        """memory_kv: this block's entry of :func:`project_memories`."""
         if self.order == "original":
-            x = self._cross(self._self(x, incremental_state), memory_kv, incremental_state)
+            self._self(state, depth, incremental_state)
+            self._cross(state, depth, memory_kv, incremental_state)
         else:
-            x = self._self(self._cross(x, memory_kv, incremental_state), incremental_state)
-        return x + self.ffn(self.final_layer_norm(x))
+            self._cross(state, depth, memory_kv, incremental_state)
+            self._self(state, depth, incremental_state)
+        self._fuse(state, depth)
+        self._ffn(state, depth)
 
 
 def memory_projection(blocks) -> Dict[str, Optional[Tensor]]:

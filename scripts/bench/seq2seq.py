@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_plugins.modules import cross_attention
-from fairseq_plugins.modules.depth_weighted_average import DepthWeightedAverage, dwa_inputs
-from fairseq_plugins.modules.fuse_attention import FuseAttention
+from fairseq_plugins.depth.dwa import DepthWeightedAverage, dwa_inputs
+from fairseq_plugins.depth.lrf import FuseAttention
 from fairseq_plugins.modules.layer_bridge import LayerBridge
 from fairseq_plugins.modules.transparent_attention import TransparentAttention
 from fairseq_plugins.modules.transformer_macs import transformer_macs

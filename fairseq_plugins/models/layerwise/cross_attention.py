@@ -12,7 +12,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ...config import option
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS, DEFAULT_CHUNK_SIZE
-from .indices import parse_layer_indices
+from ...config import parse_layer_indices
 
 STANDARD = CROSS_ATTENTION_KINDS[0]  # fairseq's own MultiheadAttention
 

@@ -4,7 +4,7 @@ import torch
 
 from fairseq.models.transformer import TransformerDecoderBase
 
-from ...modules.fuse_attention import LayerHistory
+from ...depth.lrf import LayerHistory
 from ...modules.layerwise_layers import LayerwiseDecoderLayer
 from ...modules.marian_embeddings import ZeroStartEmbedding
 from . import bridge, marian

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from fairseq.models.transformer import TransformerEncoderBase
 
-from ...modules.fuse_attention import LayerHistory
+from ...depth.lrf import LayerHistory
 from ...modules.layerwise_layers import LayerwiseEncoderLayer
 from . import bridge, marian
 from .options import resolve_stack

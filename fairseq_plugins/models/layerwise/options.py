@@ -18,7 +18,8 @@ from fairseq.models.transformer import TransformerConfig
 
 from ... import config, weight_logging
 from ...modules.layerwise_layers import LayerOptions
-from . import bridge, cross_attention, fusion, marian
+from ...depth import fusion
+from . import bridge, cross_attention, marian
 
 FEATURES = (fusion, bridge, cross_attention, marian)
 

@@ -3,21 +3,21 @@ stack into :class:`FusionOptions`. Two kinds (``--fusion-kind``):
 
 - ``attention``: layer-wise representation fusion (LRF; Zheng et al. 2023, arXiv 2307.10799).
   ``--encoder-fusion`` / ``--decoder-fusion`` add a fuse-attention sub-layer
-  (:mod:`fairseq_plugins.modules.fuse_attention`) to every layer (or the ``--fusion-layers``) of
+  (:mod:`fairseq_plugins.depth.lrf`) to every layer (or the ``--fusion-layers``) of
   that stack; see docs/ideas/fusion.md.
 - ``dwa``: depth-weighted averaging (DenseFormer; Pagliardini et al. 2024, arXiv 2402.02622).
   After every ``--dwa-period``-th layer, a learned scalar combination of the embedding output and
   the layers' outputs so far (every ``--dwa-dilation``-th one) becomes the next layer's input
-  (:mod:`fairseq_plugins.modules.depth_weighted_average`); see docs/ideas/dwa.md.
+  (:mod:`fairseq_plugins.depth.dwa`); see docs/ideas/dwa.md.
 """
 from dataclasses import dataclass
 from typing import FrozenSet, Optional, Tuple
 
 from fairseq.dataclass import FairseqDataclass
 
-from ...config import option
-from ...modules.depth_weighted_average import dwa_inputs, has_dwa
-from .indices import parse_layer_indices
+from ..config import option
+from .dwa import dwa_inputs, has_dwa
+from ..config import parse_layer_indices
 
 KINDS = ("attention", "dwa")
 DWA_DEFAULTS = {"dwa_dilation": 1, "dwa_period": 1}  # every layer, every state: the paper's 1x1
@@ -120,8 +120,11 @@ def validate(args):
                          "output x_0 (the states congruent to the layer mod --dwa-dilation)")
 
 
-def resolve(args, side: str, num_layers: int) -> Optional[FusionOptions]:
-    """``side``'s fusion (None when that stack does not fuse), validated."""
+def resolve(args, side: str, num_layers: int, heads: Optional[int] = None,
+            dim: Optional[int] = None) -> Optional[FusionOptions]:
+    """``side``'s fusion (None when that stack does not fuse), validated. ``heads`` / ``dim``:
+    the stack's attention heads and width (default: ``args.<side>_attention_heads`` /
+    ``args.<side>_embed_dim``)."""
     if not getattr(args, f"{side}_fusion"):
         return None
     if getattr(args, "fusion_kind", KINDS[0]) == "dwa":
@@ -139,11 +142,12 @@ def resolve(args, side: str, num_layers: int) -> Optional[FusionOptions]:
             why = "" if first == 0 else " (layer 0 has nothing below it without the embedding)"
             raise ValueError(f"--fusion-layers index {idx} is out of range for the {side}: "
                              f"allowed {first}..{num_layers - 1}{why}")
-    heads = args.fusion_heads or getattr(args, f"{side}_attention_heads")
-    dim = getattr(args, f"{side}_embed_dim")
+    heads = args.fusion_heads or heads or getattr(args, f"{side}_attention_heads")
+    dim_flag = f"--{side}-embed-dim" if dim is None else "--embed-dim"
+    dim = dim or getattr(args, f"{side}_embed_dim")
     if heads <= 0 or dim % heads != 0:
         divisors = [h for h in range(1, dim + 1) if dim % h == 0 and h <= 64]
-        raise ValueError(f"--fusion-heads={heads} must divide --{side}-embed-dim={dim}; "
+        raise ValueError(f"--fusion-heads={heads} must divide {dim_flag}={dim}; "
                          f"allowed: {divisors}")
     return FusionOptions("attention", frozenset(layers), heads,
                          bool(args.fusion_include_embedding))

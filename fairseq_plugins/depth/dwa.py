@@ -18,6 +18,8 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
+from .interface import Connection, Layout, StackState
+
 logger = logging.getLogger(__name__)
 
 
@@ -83,3 +85,29 @@ class DepthWeightedAverage(nn.Module):
 
     def extra_repr(self) -> str:
         return f"inputs={self.inputs}"
+
+
+class DepthWeightedAverages(Connection):
+    """DWA as a depth connection: the history keeps x_0 and every block's own output; after
+    every block in ``blocks`` (0-based; :func:`has_dwa` of a period), the average over
+    :func:`dwa_inputs` becomes the stream, i.e. the next block's input (or the stack's output
+    after the last block)."""
+
+    name = "dwa"
+
+    def __init__(self, layout: Layout, blocks, dilation: int = 1):
+        super().__init__(layout, keep_history=True)
+        self.dilation = dilation
+        self.averages = nn.ModuleDict({
+            str(i): DepthWeightedAverage(dwa_inputs(i + 1, dilation))
+            for i in sorted(blocks)})
+
+    def end_block(self, state: StackState, block: int):
+        state.history.append(state.stream)
+        average = self.averages[str(block)] if str(block) in self.averages else None
+        if average is not None:
+            state.stream = average(state.history)
+
+    def macs(self, embed_dim: int) -> int:
+        return sum(DepthWeightedAverage.macs(embed_dim, len(a.inputs))
+                   for a in self.averages.values())

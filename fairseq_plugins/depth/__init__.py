@@ -1,0 +1,65 @@
+"""Depth connections: how the blocks of a stack connect to the blocks below them.
+
+The interface every stack runs is :mod:`.interface`; each method is one module here with its
+flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Connection`:
+
+- :mod:`.lrf`: LRF's fuse-attention sub-layer over the history (Zheng et al. 2023);
+- :mod:`.dwa`: DenseFormer's depth-weighted averages (Pagliardini et al. 2024);
+- :mod:`.hyper_connections`: Hyper-Connections (Zhu et al. 2025);
+- :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
+- :mod:`.value_residual`: value residual (Zhou et al. 2024).
+
+LRF and DWA share their flags in :mod:`.fusion` (``--encoder-fusion``,
+``--fusion-kind``, ...), which every model family reads. :func:`build` turns a model's options
+into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:`CONFIGS`.
+"""
+from typing import List, Optional
+
+from . import hyper_connections, mudd, value_residual
+from .dwa import DepthWeightedAverages
+from .interface import Connection, Depth, Layout
+
+METHODS = (hyper_connections, mudd, value_residual)
+CONFIGS = tuple(method.CONFIG for method in METHODS)
+FLAGS = {hyper_connections: "--hyper-connections", mudd: "--mudd",
+         value_residual: "--value-residual"}
+
+
+def active_flags(args) -> List[str]:
+    """The depth-connection flags that are on (the stream methods and value residual)."""
+    return [FLAGS[method] for method in METHODS if method.active(args)]
+
+
+def validate(args):
+    for method in METHODS:
+        method.validate(args)
+
+
+def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
+          pre_norm: bool = True, pre_norm_flag: Optional[str] = None) -> Depth:
+    """The depth connections of the ``side`` stack (its blocks' sub-layers: ``layout``).
+
+    ``fusion``: the stack's resolved ``FusionOptions`` (LRF or DWA; None: off). At most one
+    method owns the stream; value residual composes with any. ``pre_norm``: whether the stack is
+    pre-norm (methods defined only there are refused otherwise, naming ``pre_norm_flag``)."""
+    chosen = []
+    if fusion is not None:
+        flag = f"--{side}-fusion" + (" --fusion-kind dwa" if fusion.kind == "dwa" else "")
+        if fusion.kind == "dwa":
+            chosen.append((flag, DepthWeightedAverages(layout, fusion.layers, fusion.dilation)))
+        else:
+            chosen.append((flag, Connection(layout, keep_history=True)))
+    if hyper_connections.active(args):
+        chosen.append(("--hyper-connections", hyper_connections.build(args, layout, embed_dim)))
+    if mudd.active(args):
+        chosen.append(("--mudd", mudd.build(args, layout, embed_dim)))
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(flag for flag, _ in chosen)} both decide what the "
+                         f"{side}'s blocks read from the blocks below: choose one")
+    flag, connection = chosen[0] if chosen else (None, Connection(layout))
+    if connection.needs_pre_norm and not pre_norm:
+        raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
+                         f"post-norm: add {pre_norm_flag}")
+    first_state = 0 if fusion is None or fusion.include_embedding else 1
+    return Depth(connection, value_residual.build(args, len(layout)), first_state)
+

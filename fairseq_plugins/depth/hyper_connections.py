@@ -1,0 +1,198 @@
+"""Hyper-Connections (Zhu et al., ICLR 2025, arXiv 2409.19606): n residual streams per position,
+mixed by learned weights around every sub-layer.
+
+The stream is a hyper hidden matrix H (n x C per position; T x B x n x C here). Around sub-layer
+k (every attention and FFN sub-layer of the stack, counted bottom up), with the connection
+matrix [[0, B], [A_m, A_r]]:
+
+    input  = A_m^T H                  (C: what the sub-layer reads, before its LayerNorm)
+    H'     = A_r^T H + B^T f(input)   (n x C: A_r mixes the streams, B writes the output)
+
+Static: A_m (n), A_r (n x n), B (n) are parameters. Dynamic (Eq. 10-13) adds per-token terms
+from the normalised streams H_bar = norm(H) (LayerNorm per stream, as the paper's Algorithm 2):
+
+    A_m(H) = A_m + s_a * tanh(H_bar W_m),  A_r(H) = A_r + s_a * tanh(H_bar W_r),
+    B(H)   = B + s_b * tanh(H_bar W_b)^T
+
+with W_m (C x 1), W_r (C x n), W_b (C x 1) initialised to zero and the scales s_a, s_b to 0.01.
+
+Initialisation (Eq. 14): A_m = e_(k mod n), A_r = I, B = 1. Every stream then starts as the
+plain pre-norm residual stream, exactly (one-hot and identity weights reproduce it bit for
+bit); the stack starts from n copies of the embedding output.
+
+At the top the paper sums the n streams (Algorithm 1). Here ``--hc-readout`` chooses: ``mean``
+(the default) or ``sum``. Followed by a LayerNorm the two differ only through the norm's eps
+(LN(n h) vs LN(h)), but a stack whose output is read without a norm (``ar_encdec_lm``'s encoder:
+a Linear to the decoder input) would start n times the plain model's output with the sum. With
+the mean the model at initialisation is the plain pre-norm model to float rounding of the mean
+(tested at 1e-6 relative).
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+
+from ..config import option
+from .interface import Connection, Inputs, Layout, StackState
+
+KINDS = ("none", "static", "dynamic")
+READOUTS = ("mean", "sum")
+
+
+@dataclass
+class HyperConnectionsConfig(FairseqDataclass):
+    """Flags ``--hyper-connections`` ...; hydra ``model.hyper_connections`` ..."""
+    hyper_connections: Optional[str] = option(
+        "none", "Hyper-Connections (Zhu et al. 2025) around every sub-layer of every stack: "
+                "static or dynamic connection weights", choices=KINDS)
+    hc_expansion_rate: Optional[int] = option(
+        None, "with --hyper-connections: residual streams per position (the paper's n)",
+        minimum=1, metavar="N", default_text="4")
+    hc_readout: Optional[str] = option(
+        None, "with --hyper-connections: how the streams are reduced at the top of a stack "
+              "(the paper sums; mean keeps a stack read without a norm at the plain model's "
+              "scale)", choices=READOUTS, default_text="mean")
+
+
+CONFIG = HyperConnectionsConfig
+DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
+
+
+def active(args) -> bool:
+    return (getattr(args, "hyper_connections", None) or "none") != "none"
+
+
+def validate(args):
+    if not active(args):
+        for name in DEFAULTS:
+            if getattr(args, name, None) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} was given but "
+                                 "--hyper-connections is none; add --hyper-connections "
+                                 "static or dynamic")
+
+
+def build(args, layout: Layout, embed_dim: int) -> "HyperConnections":
+    rate = args.hc_expansion_rate or DEFAULTS["hc_expansion_rate"]
+    if rate < 1:
+        raise ValueError(f"--hc-expansion-rate must be >= 1, got {rate}")
+    return HyperConnections(layout, embed_dim, rate, dynamic=args.hyper_connections == "dynamic",
+                            readout=args.hc_readout or DEFAULTS["hc_readout"])
+
+
+class HyperConnections(Connection):
+    """Static or dynamic Hyper-Connections over the sub-layers of ``layout``.
+
+    Parameters, stacked over the K sub-layers of the stack: ``static_alpha`` K x n x (n+1)
+    (row r: stream r's [A_m[r], A_r[r, :]]), ``static_beta`` K x n; dynamic: ``norm_weight`` /
+    ``norm_bias`` K x C, ``dynamic_alpha`` K x C x (n+1), ``dynamic_beta`` K x C, ``alpha_scale`` /
+    ``beta_scale`` K."""
+
+    name = "hyper_connections"
+    needs_pre_norm = True
+    additive = False
+
+    def __init__(self, layout: Layout, embed_dim: int, rate: int, dynamic: bool,
+                 readout: str = "mean"):
+        super().__init__(layout)
+        if readout not in READOUTS:
+            raise ValueError(f"--hc-readout must be one of {READOUTS}, got {readout!r}")
+        self.streams, self.dynamic, self.readout = rate, dynamic, readout
+        sites, n, d = len(self.sites), rate, embed_dim
+        self.static_alpha = nn.Parameter(torch.zeros(sites, n, n + 1))
+        self.static_beta = nn.Parameter(torch.ones(sites, n))
+        if dynamic:
+            self.norm_weight = nn.Parameter(torch.ones(sites, d))
+            self.norm_bias = nn.Parameter(torch.zeros(sites, d))
+            self.dynamic_alpha = nn.Parameter(torch.zeros(sites, d, n + 1))
+            self.dynamic_beta = nn.Parameter(torch.zeros(sites, d))
+            self.alpha_scale = nn.Parameter(torch.full((sites,), 0.01))
+            self.beta_scale = nn.Parameter(torch.full((sites,), 0.01))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """The paper's initialisation (Eq. 14): A_m = e_(k mod n), A_r = I, B = 1; dynamic maps
+        0, scales 0.01, the norms (1, 0)."""
+        n = self.streams
+        self.static_alpha.zero_()
+        for k in range(self.static_alpha.size(0)):
+            self.static_alpha[k, k % n, 0] = 1.0
+            self.static_alpha[k, :, 1:] = torch.eye(n)
+        self.static_beta.fill_(1.0)
+        if self.dynamic:
+            self.norm_weight.fill_(1.0)
+            self.norm_bias.zero_()
+            self.dynamic_alpha.zero_()
+            self.dynamic_beta.zero_()
+            self.alpha_scale.fill_(0.01)
+            self.beta_scale.fill_(0.01)
+
+    def start(self, x: Tensor) -> StackState:
+        """n copies of the embedding output: T x B x n x C."""
+        return StackState(x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.size(-1)), None)
+
+    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C): alpha ... x n x (n+1)
+        (column 0: A_m, columns 1..n: A_r, rows: streams), beta ... x n; static: n x (n+1) and n,
+        dynamic: per position."""
+        alpha, beta = self.static_alpha[k], self.static_beta[k]
+        if self.dynamic:
+            normed = F.layer_norm(stream, stream.shape[-1:], self.norm_weight[k].to(stream.dtype),
+                                  self.norm_bias[k].to(stream.dtype), eps=1e-5)
+            alpha = alpha + self.alpha_scale[k] * torch.tanh(normed @ self.dynamic_alpha[k].to(
+                stream.dtype))
+            beta = beta + self.beta_scale[k] * torch.tanh(normed @ self.dynamic_beta[k].to(
+                stream.dtype))
+        return alpha.to(stream.dtype), beta.to(stream.dtype)
+
+    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
+        stream = state.stream
+        alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
+        # A_m^T H: sum over the streams (n) of the stream times its read weight
+        if alpha.dim() == 2:
+            read = torch.einsum("n,...nc->...c", alpha[:, 0], stream)
+        else:
+            read = (alpha[..., 0].unsqueeze(-1) * stream).sum(-2)
+        return Inputs(read), (alpha[..., 1:], beta)
+
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
+        mixing, beta = token  # A_r (... x n x n, [r, s]: stream r into stream s), B (... x n)
+        stream = state.stream
+        if mixing.dim() == 2:
+            mixed = torch.einsum("rs,...rc->...sc", mixing, stream)
+        else:
+            mixed = torch.einsum("...rs,...rc->...sc", mixing, stream)
+        state.stream = mixed + beta.unsqueeze(-1) * out.unsqueeze(-2)
+
+    def finish(self, state: StackState) -> Tensor:
+        return state.stream.mean(-2) if self.readout == "mean" else state.stream.sum(-2)
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """The static weights of the first and last sub-layer: A_m (read), B (write) per stream
+        and the trace of A_r over n (how much each stream keeps itself)."""
+        out = {}
+        n = self.streams
+        for k in sorted({0, len(self.sites) - 1}):
+            alpha, beta = self.static_alpha[k].detach().float(), self.static_beta[k].detach().float()
+            for r in range(n):
+                out[f"k{k}_read{r}"] = alpha[r, 0]
+                out[f"k{k}_write{r}"] = beta[r]
+            out[f"k{k}_keep"] = torch.diagonal(alpha[:, 1:]).mean()
+        return out
+
+    def macs(self, embed_dim: int) -> int:
+        """Per token: read n C, mix n^2 C, write n C at every sub-layer; dynamic adds the maps
+        (n C (n + 2)) and the per-stream norm (~2 n C, counted as n C)."""
+        n, d, k = self.streams, embed_dim, len(self.sites)
+        per_site = n * d + n * n * d + n * d
+        if self.dynamic:
+            per_site += n * d * (n + 2) + n * d
+        return k * per_site
+
+    def extra_repr(self) -> str:
+        return (f"n={self.streams}, {'dynamic' if self.dynamic else 'static'}, "
+                f"sub-layers={len(self.sites)}, readout={self.readout}")

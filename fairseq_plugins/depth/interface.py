@@ -1,0 +1,237 @@
+"""The depth-connection interface: how the blocks of a stack read and write its residual stream(s).
+
+Every stack of the package (the encoder and the decoder of ``layerwise_transformer``, the blocks
+of ``gpt_baseline_lm``, both stacks of ``ar_encdec_lm``) runs its blocks the same way::
+
+    state = depth.start(x0)                   # x0: T x B x C, the embedding output
+    for i, block in enumerate(blocks):
+        block(state, depth, ...)              # every sub-layer: read -> f -> write (below)
+        depth.end_block(state, i)
+    x = depth.finish(state)                   # T x B x C: to the final norm / the other stack
+
+and inside block i, every pre-norm sub-layer named s (:data:`SELF`, :data:`CROSS`, :data:`FUSE`,
+:data:`FFN`)::
+
+    inputs, token = depth.read(state, i, s)   # Inputs(query, key, value), T x B x C each
+    out = f(LN(inputs.query), ...)            # the sub-layer (its keys/values from inputs.key/.value
+                                              # where the connection gives them separately)
+    depth.write(state, i, s, dropout(out), token)
+
+:class:`Connection` is the plain residual (``x + f(LN(x))``); a method subclasses it and
+overrides the hooks it changes (and defines ``logged_weights()`` where it has weights to show,
+for ``--log-layer-weights``):
+
+- what block i reads from the history of the stack (``history``: x_0 and every block's output,
+  kept where a method asks for it): :meth:`Connection.end_block` (DWA, MUDD);
+- what the stack hands on: :meth:`Connection.finish`;
+- several residual streams per position (``state.stream`` T x B x n x C): :meth:`read` /
+  :meth:`write` (Hyper-Connections);
+- separate inputs for a block's query, key, value and residual paths: ``Inputs.key`` /
+  ``Inputs.value`` and the residual base in ``state.stream`` (MUDD);
+- per-token attention over the history: the history itself, read by a sub-layer (LRF's
+  fuse-attention, :meth:`Depth.fused_states`).
+
+A value handed from the first block's attention to later blocks' attention (value residual) is
+not a connection of the stream but of the attention: :class:`Depth` holds it beside the
+connection and gives each self-attention its :meth:`Depth.value_mix`.
+
+The state is created per forward pass and passed explicitly; nothing is stored on a module
+between calls. Incremental decoding: every method here works per position (a step reads the
+step's own lower states), so the state needs no cache; the attention caches hold what the
+attention projected from what it read (for value residual, the mixed values).
+"""
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from torch import Tensor, nn
+
+SELF, CROSS, FUSE, FFN = "self", "cross", "fuse", "ffn"
+SUBLAYERS = (SELF, CROSS, FUSE, FFN)
+
+Layout = Tuple[Tuple[str, ...], ...]  # the sub-layer names of every block, bottom up
+
+
+class Inputs:
+    """What one sub-layer reads, each T x B x C, before its LayerNorm: the ``query`` (also the
+    keys and values of a self-attention), and separate ``key`` / ``value`` inputs where the
+    connection gives them (None: the query's)."""
+    __slots__ = ("query", "key", "value")
+
+    def __init__(self, query: Tensor, key: Optional[Tensor] = None,
+                 value: Optional[Tensor] = None):
+        self.query, self.key, self.value = query, key, value
+
+
+class StackState:
+    """One stack's state during one forward pass (created by :meth:`Depth.start`).
+
+    ``stream``: the residual stream, T x B x C (T x B x n x C with n streams); ``history``: the
+    states kept for the connection or the fuse-attention ([x_0, x_1, ...], T x B x C each; None
+    when nothing needs it); ``inputs``: separate query/key/value inputs the next block's first
+    sub-layer reads (MUDD), else None; ``first_values``: the first block's self-attention values
+    for value residual (B x H x T x hp), else None."""
+    __slots__ = ("stream", "history", "inputs", "first_values")
+
+    def __init__(self, stream: Tensor, history: Optional[List[Tensor]]):
+        self.stream = stream
+        self.history = history
+        self.inputs: Optional[Inputs] = None
+        self.first_values: Optional[Tensor] = None
+
+
+class Connection(nn.Module):
+    """The plain pre-norm residual: every sub-layer reads the stream and adds its output to it.
+
+    ``layout``: every block's sub-layer names (:data:`Layout`); ``keep_history``: keep x_0 and
+    every block's output in ``state.history`` (for a fuse-attention that reads them)."""
+
+    name = "residual"
+    streams = 1  # residual streams per position
+    # a block's output is its input plus its sub-layers' outputs (and a DWA's change): the layer
+    # analysis can decompose it (Hyper-Connections and MUDD mix the streams instead)
+    additive = True
+    needs_pre_norm = False  # defined only for pre-norm stacks (a build-time check)
+
+    def __init__(self, layout: Layout, keep_history: bool = False):
+        super().__init__()
+        self.layout = tuple(tuple(block) for block in layout)
+        self.keep_history = keep_history
+        for block in self.layout:
+            for name in block:
+                if name not in SUBLAYERS:
+                    raise ValueError(f"unknown sub-layer {name!r}; known: {SUBLAYERS}")
+        # the 0-based index of every (block, sub-layer) in stack order (Hyper-Connections' k)
+        self.sites: Dict[Tuple[int, str], int] = {}
+        for i, block in enumerate(self.layout):
+            for name in block:
+                self.sites[(i, name)] = len(self.sites)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.layout)
+
+    def separate_inputs(self, block: int) -> bool:
+        """Whether ``block``'s self-attention reads separate query/key/value inputs (then the
+        block normalises each with its own LayerNorm)."""
+        return False
+
+    def start(self, x: Tensor) -> StackState:
+        """x: T x B x C, the embedding output (after its dropout)."""
+        return StackState(x, [x] if self.keep_history else None)
+
+    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
+        """The inputs of ``sublayer`` of ``block`` and a token for :meth:`write`."""
+        return Inputs(state.stream), None
+
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
+        """Add ``out`` (T x B x C, the sub-layer's output after its dropout) to the stream."""
+        state.stream = state.stream + out
+
+    def end_block(self, state: StackState, block: int):
+        """After ``block``: keep its output where the history is kept."""
+        if state.history is not None:
+            state.history.append(state.stream)
+
+    def finish(self, state: StackState) -> Tensor:
+        """What the stack hands on, T x B x C."""
+        return state.stream
+
+    def view(self, state: StackState) -> Tensor:
+        """The state as one T x B x C tensor (what the stack would hand on if it ended here):
+        what the layer analysis reads as a block's input and output."""
+        return self.finish(state)
+
+    def connection_parameters(self) -> List[nn.Parameter]:
+        """The parameters of the connection itself (excluded from weight decay)."""
+        return list(self.parameters())
+
+    def macs(self, embed_dim: int) -> int:
+        """Forward multiply-accumulates per token of the whole stack's connection (0: the plain
+        residual's additions are not counted)."""
+        return 0
+
+
+class BlockStates(nn.Module):
+    """Identity, called with every block's input and output view (T x B x C) by
+    :func:`run_blocks`: a place for forward hooks (the layer analysis) that needs nothing from
+    the blocks. ``forward(x, block, where)``, ``where`` 'input' or 'output'."""
+
+    def forward(self, x: Tensor, block: int, where: str) -> Tensor:
+        return x
+
+
+class Depth(nn.Module):
+    """A stack's depth connections: one :class:`Connection` (the stream) and, optionally, value
+    residual (the attention's values). Blocks call :meth:`read` / :meth:`write` around each
+    sub-layer and :meth:`value_mix` in their self-attention; the stack calls :meth:`start`,
+    :meth:`end_block` after each block and :meth:`finish`.
+
+    ``fusion_first_state``: the first state a fuse-attention sub-layer attends (0: x_0; 1: not
+    the embedding output)."""
+
+    def __init__(self, connection: Connection, value_residual: Optional[nn.Module] = None,
+                 fusion_first_state: int = 0):
+        super().__init__()
+        self.connection = connection
+        self.value_residual = value_residual
+        self.fusion_first_state = fusion_first_state
+        self.block_states = BlockStates()
+
+    @property
+    def layout(self) -> Layout:
+        return self.connection.layout
+
+    def start(self, x: Tensor) -> StackState:
+        return self.connection.start(x)
+
+    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
+        return self.connection.read(state, block, sublayer)
+
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
+        self.connection.write(state, block, sublayer, out, token)
+
+    def end_block(self, state: StackState, block: int):
+        self.connection.end_block(state, block)
+
+    def finish(self, state: StackState) -> Tensor:
+        return self.connection.finish(state)
+
+    def view(self, state: StackState) -> Tensor:
+        return self.connection.view(state)
+
+    def separate_inputs(self, block: int) -> bool:
+        return self.connection.separate_inputs(block)
+
+    def value_mix(self, state: StackState, block: int) -> Optional[Callable[[Tensor], Tensor]]:
+        """What ``block``'s self-attention applies to the values it projects for the positions
+        of this call (B x H x T x hp), before it caches them; None: nothing."""
+        if self.value_residual is None:
+            return None
+        return self.value_residual.mix(state, block)
+
+    def fused_states(self, state: StackState, block: int) -> List[Tensor]:
+        """The states a fuse-attention sub-layer of ``block`` attends: [h_first, ..., h_block]
+        (h_0 = the embedding output, h_j = block j-1's output: every block below it and its own
+        input)."""
+        if state.history is None:
+            raise RuntimeError("the stack keeps no history: build its Connection with "
+                               "keep_history=True when a block fuses")
+        return state.history[self.fusion_first_state:block + 1]
+
+    def connection_parameters(self) -> List[nn.Parameter]:
+        params = self.connection.connection_parameters()
+        if self.value_residual is not None:
+            params += list(self.value_residual.parameters())
+        return params
+
+
+def run_blocks(depth: Depth, blocks: Sequence[nn.Module], x: Tensor,
+               block_args: Callable[[int], Dict[str, Any]] = lambda i: {}) -> Tensor:
+    """The stack's loop: x (T x B x C, the embedding output) through ``blocks`` (each called as
+    ``block(state, depth, **block_args(i))``) -> what the stack hands on (T x B x C)."""
+    state = depth.start(x)
+    for i, block in enumerate(blocks):
+        depth.block_states(depth.view(state), i, "input")
+        block(state, depth, **block_args(i))
+        depth.end_block(state, i)
+        depth.block_states(depth.view(state), i, "output")
+    return depth.finish(state)

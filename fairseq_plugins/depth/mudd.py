@@ -1,0 +1,160 @@
+"""MUDD connections (MUDDFormer; Xiao et al., ICML 2025, arXiv 2502.12170): multiway dynamic dense
+connections over depth.
+
+After block i (0-based) of a stack of L, with X_0 the embedding output and X_j block j-1's
+output, a depth-aggregate module DA_i produces the next block's inputs, one per way
+c in {Q, K, V, R} (the query, key and value inputs of its self-attention and its residual):
+
+    X^c_{i+1} = sum_{j=0}^{i+1} A^c_{i,j} X_j,
+    A_i = GELU(RMSNorm(X_{i+1}) W1_i) W2_i + S_i         (per token; 4 x (i+2) weights)
+
+with RMSNorm without gain (eps 1e-6), W1_i: C x (i+2)*4, W2_i: (i+2)*4 x (i+2)*4 initialised to
+zero and the static weights S_i one-hot on the newest state (j = i+1): the stack starts as the
+Transformer, exactly. The block then computes X_A = X^R + Attn(LN_q(X^Q), LN_k(X^K), LN_v(X^V))
+(separate LayerNorms for the three inputs from the second block on, initialised equal) and
+X_A + FFN(LN(X_A)) as usual. The last DA produces the residual way only (the input of the final
+norm), with 4x the hidden width, as the paper's Appendix B.
+
+``--mudd-ways r`` keeps one way (the residual; a dynamic DenseFormer) as an ablation.
+
+Not included (a separate change): the released configuration's FFN widths that grow with depth,
+and its hidden widths rounded up to multiples of 64 (a hardware padding).
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+
+from ..config import option
+from .interface import SELF, Connection, Inputs, Layout, StackState
+
+WAYS = ("qkvr", "r")
+
+
+@dataclass
+class MuddConfig(FairseqDataclass):
+    """Flags ``--mudd`` ...; hydra ``model.mudd`` ..."""
+    mudd: Optional[bool] = option(
+        False, "MUDD connections (Xiao et al. 2025): dynamic dense connections over depth, "
+               "separate for the query, key, value and residual inputs of every block")
+    mudd_ways: Optional[str] = option(
+        None, "with --mudd: qkvr (the paper's four ways) or r (the residual way only)",
+        choices=WAYS, default_text="qkvr")
+
+
+CONFIG = MuddConfig
+
+
+def active(args) -> bool:
+    return bool(getattr(args, "mudd", False))
+
+
+def validate(args):
+    if not active(args) and getattr(args, "mudd_ways", None) is not None:
+        raise ValueError("--mudd-ways was given but --mudd is off; add --mudd")
+
+
+def build(args, layout: Layout, embed_dim: int) -> "Mudd":
+    for i, block in enumerate(layout):
+        if block[0] != SELF:
+            raise ValueError(f"--mudd: the first sub-layer of block {i} is {block[0]!r}, not the "
+                             "self-attention whose query/key/value the connections feed "
+                             "(ar_encdec_lm: use --decoder-block-order original)")
+    return Mudd(layout, embed_dim, args.mudd_ways or WAYS[0])
+
+
+def rms_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm without a gain, over the last dim."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class DepthAggregate(nn.Module):
+    """DA after one block: ``states`` states (X_0 .. X_{i+1}) mixed into ``ways`` inputs."""
+
+    def __init__(self, embed_dim: int, states: int, ways: int, hidden: int):
+        super().__init__()
+        self.states, self.ways = states, ways
+        self.w1 = nn.Linear(embed_dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, ways * states, bias=False)
+        self.static = nn.Parameter(torch.zeros(ways, states))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        nn.init.normal_(self.w1.weight, std=self.w1.in_features ** -0.5)
+        nn.init.zeros_(self.w2.weight)
+        self.static.zero_()
+        self.static[:, -1] = 1.0
+
+    def forward(self, newest: Tensor, history: List[Tensor]) -> List[Tensor]:
+        """newest: T x B x C (= history[-1]); history: X_0 .. X_{i+1} -> ``ways`` tensors
+        T x B x C."""
+        weights = self.w2(F.gelu(self.w1(rms_norm(newest))))  # T x B x (ways * states)
+        weights = weights.view(*weights.shape[:-1], self.ways, self.states) + self.static.to(
+            weights.dtype)
+        outs = []
+        for c in range(self.ways):
+            w = weights[..., c, :]
+            out = w[..., -1:] * history[-1]
+            for j in range(self.states - 1):
+                out = out + w[..., j:j + 1] * history[j]
+            outs.append(out)
+        return outs
+
+
+class Mudd(Connection):
+    """MUDD connections over a stack of ``layout`` (every block's first sub-layer is its
+    self-attention). ``aggregates[i]``: the DA after block i."""
+
+    name = "mudd"
+    needs_pre_norm = True
+    additive = False
+
+    def __init__(self, layout: Layout, embed_dim: int, ways: str = "qkvr"):
+        super().__init__(layout, keep_history=True)
+        if ways not in WAYS:
+            raise ValueError(f"--mudd-ways must be one of {WAYS}, got {ways!r}")
+        self.ways = ways
+        last = self.num_blocks - 1
+        self.aggregates = nn.ModuleList()
+        for i in range(self.num_blocks):
+            count = 1 if (i == last or ways == "r") else 4
+            states = i + 2
+            hidden = states * count * (4 if i == last else 1)
+            self.aggregates.append(DepthAggregate(embed_dim, states, count, hidden))
+
+    def separate_inputs(self, block: int) -> bool:
+        """Whether ``block``'s self-attention reads separate query/key/value inputs."""
+        return self.ways == "qkvr" and block > 0
+
+    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
+        if state.inputs is not None and sublayer == SELF:
+            inputs, state.inputs = state.inputs, None
+            return inputs, None
+        return Inputs(state.stream), None
+
+    def end_block(self, state: StackState, block: int):
+        state.history.append(state.stream)
+        mixed = self.aggregates[block](state.stream, state.history)
+        if len(mixed) == 4:
+            query, key, value, state.stream = mixed
+            state.inputs = Inputs(query, key, value)
+        else:
+            state.stream = mixed[0]
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """The static weights of the last DA (the residual into the final norm), per state."""
+        static = self.aggregates[-1].static.detach().float()[0]
+        return {f"s{j}": w for j, w in enumerate(static)}
+
+    def macs(self, embed_dim: int) -> int:
+        """Per token: every DA's two maps and its weighted sums (ways x states x C)."""
+        total = 0
+        for da in self.aggregates:
+            total += embed_dim * da.w1.out_features + da.w1.out_features * da.w2.out_features
+            total += da.ways * da.states * embed_dim
+        return total

@@ -1,0 +1,100 @@
+"""Value residual learning (ResFormer; Zhou et al., 2024, arXiv 2410.17897).
+
+Every self-attention after the first mixes the values it projects with the first block's:
+
+    U_n = A_n (lambda_1 V_n + lambda_2 V_1),   V_n = H_n W_V,n
+
+``fixed``: lambda_1 = lambda_2 = 0.5, the paper's Eq. 7 (first version; its official code mixes
+the values before the head split, the same as here since the mix is per element).
+``learnable``: a (lambda_1, lambda_2) pair per block, initialised to 0.5 / 0.5 (the fixed mix:
+the two variants start as the same model; the paper's later versions study learnable lambdas
+without fixing their start, so this start is ours).
+
+The first block's values V_1 are computed at every call for that call's positions; a block's
+attention cache holds its *mixed* values, so incremental decoding computes what a full forward
+does (tested). Unlike the other depth connections, the model with value residual is *not* the
+plain model at initialisation (the paper's method has no identity setting; ``learnable``
+with lambdas (1, 0) is, exactly).
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+
+from ..config import option
+from .interface import StackState
+
+KINDS = ("none", "fixed", "learnable")
+
+
+@dataclass
+class ValueResidualConfig(FairseqDataclass):
+    """Flag ``--value-residual``; hydra ``model.value_residual``."""
+    value_residual: Optional[str] = option(
+        "none", "value residual (ResFormer, Zhou et al. 2024): every self-attention after the "
+                "first mixes its values with the first block's; fixed 0.5/0.5 or learnable "
+                "per block", choices=KINDS)
+
+
+CONFIG = ValueResidualConfig
+
+
+def active(args) -> bool:
+    return (getattr(args, "value_residual", None) or "none") != "none"
+
+
+def validate(args):
+    pass
+
+
+def build(args, num_blocks: int) -> Optional["ValueResidual"]:
+    if not active(args):
+        return None
+    return ValueResidual(num_blocks, learnable=args.value_residual == "learnable")
+
+
+class ValueResidual(nn.Module):
+    """``lambdas``: num_blocks x 2 (row n: block n's (lambda_1, lambda_2); row 0 unused), a
+    parameter when learnable, else a buffer of 0.5."""
+
+    def __init__(self, num_blocks: int, learnable: bool):
+        super().__init__()
+        self.learnable = learnable
+        lambdas = torch.full((num_blocks, 2), 0.5)
+        if learnable:
+            self.lambdas = nn.Parameter(lambdas)
+        else:
+            self.register_buffer("lambdas", lambdas, persistent=False)
+
+    def mix(self, state: StackState, block: int) -> Callable[[Tensor], Tensor]:
+        """What block ``block``'s self-attention applies to its values (B x H x T x hp): the
+        first block keeps them as V_1; later blocks mix."""
+        if block == 0:
+            def keep(values: Tensor) -> Tensor:
+                state.first_values = values
+                return values
+            return keep
+
+        def mix(values: Tensor) -> Tensor:
+            if state.first_values is None:
+                raise RuntimeError("value residual: the first block's self-attention did not run")
+            lam = self.lambdas[block].to(values.dtype)
+            return lam[0] * values + lam[1] * state.first_values
+        return mix
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{'b<n>_lambda<k>': block n's lambda_k} (constant 0.5 when fixed)."""
+        lambdas = self.lambdas.detach().float()
+        return {f"b{n}_lambda{k + 1}": lambdas[n, k] for n in range(1, lambdas.size(0))
+                for k in range(2)}
+
+    @staticmethod
+    def macs(embed_dim: int, num_blocks: int) -> int:
+        """Per token: two scaled vectors per block after the first."""
+        return 2 * embed_dim * max(num_blocks - 1, 0)
+
+    def extra_repr(self) -> str:
+        return f"{'learnable' if self.learnable else 'fixed 0.5/0.5'}, blocks={self.lambdas.size(0)}"

@@ -1,0 +1,271 @@
+"""Depth connections (fairseq_plugins.depth) in the language models: every method's identity
+setting, incremental decoding, beam search, build-time errors, training through the CLIs."""
+import pytest
+import torch
+from conftest import run_cli
+from helpers import PLUGIN_DIR, build_language_model
+
+from fairseq_plugins.depth.interface import Connection
+
+LMS = ("gpt_baseline_lm_tiny", "ar_encdec_lm_tiny")
+HC = {"static": ["--hyper-connections", "static"],
+      "dynamic": ["--hyper-connections", "dynamic"],
+      "dynamic_n2_sum": ["--hyper-connections", "dynamic", "--hc-expansion-rate", "2",
+                         "--hc-readout", "sum"]}
+MUDD = {"mudd": ["--mudd"], "mudd_r": ["--mudd", "--mudd-ways", "r"]}
+VALUE = {"value_fixed": ["--value-residual", "fixed"],
+         "value_learnable": ["--value-residual", "learnable"]}
+
+
+def fusion_flags(arch, *extra):
+    stacks = ["--decoder-fusion"] + (["--encoder-fusion"] if arch.startswith("ar_") else [])
+    return stacks + list(extra)
+
+
+def methods(arch):
+    """Every method (and a few compositions) as flags for ``arch``."""
+    out = {**HC, **MUDD, **VALUE,
+           "dwa": fusion_flags(arch, "--fusion-kind", "dwa"),
+           "dwa_dilated": fusion_flags(arch, "--fusion-kind", "dwa", "--dwa-dilation", "2"),
+           "lrf": fusion_flags(arch),
+           "hc_value": HC["dynamic"] + VALUE["value_learnable"],
+           "mudd_value": MUDD["mudd"] + VALUE["value_fixed"],
+           "dwa_value": fusion_flags(arch, "--fusion-kind", "dwa") + VALUE["value_fixed"]}
+    return out
+
+
+CASES = [(arch, name) for arch in LMS for name in methods(arch)]
+
+
+def _lm(arch, extra=(), seed=0, context=16):
+    return build_language_model(arch, ["--tokens-per-sample", context, *extra], seed=seed)
+
+
+def _tokens(bsz=3, length=12, seed=0):
+    return torch.randint(4, 24, (bsz, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _with_plain_weights(arch, extra):
+    """(plain model, model with ``extra``) in float64, the second holding the first's weights
+    wherever their parameters coincide (the connections keep their initialisation)."""
+    plain, _, _ = _lm(arch)
+    model, _, _ = _lm(arch, extra, seed=1)
+    added = sorted(set(model.state_dict()) - set(plain.state_dict()))
+    model.load_state_dict({**model.state_dict(), **plain.state_dict()})
+    return plain.double().eval(), model.double().eval(), added
+
+
+# -- identity -----------------------------------------------------------------------------------
+IDENTITY = {  # the methods whose published initialisation is the plain model, and how exactly
+    "mudd_r": 0.0, "dwa": 0.0, "dwa_dilated": 0.0,
+    # the query/key/value inputs projected by three GEMMs instead of the plain model's one
+    # fused GEMM: the same products, summed in another order
+    "mudd": 1e-13,
+    "static": 1e-14, "dynamic": 1e-14,  # the mean of n equal streams: rounding of the mean only
+}
+
+
+@pytest.mark.parametrize("arch", LMS)
+@pytest.mark.parametrize("name", sorted(IDENTITY))
+def test_initialisation_is_the_plain_model(arch, name):
+    plain, model, added = _with_plain_weights(arch, methods(arch)[name])
+    assert added, "the method added no parameters"
+    tokens = _tokens()
+    with torch.no_grad():
+        expected, got = plain(tokens)[0], model(tokens)[0]
+    if IDENTITY[name] == 0.0:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, rtol=IDENTITY[name], atol=IDENTITY[name])
+
+
+@pytest.mark.parametrize("arch", LMS)
+def test_hyper_connections_sum_readout_is_the_plain_model_up_to_the_final_norms_eps(arch):
+    """The paper's sum: n h into the final LayerNorm, LN(n h) with eps = LN(h) with eps / n^2;
+    at this init's small activations eps matters (~1e-2 relative). ar_encdec_lm's encoder
+    output is read without a norm, so there the sum is a different model."""
+    extra = ["--hyper-connections", "static", "--hc-readout", "sum"]
+    plain, model, _ = _with_plain_weights(arch, extra)
+    tokens = _tokens()
+    with torch.no_grad():
+        expected, got = plain(tokens)[0], model(tokens)[0]
+        assert (got - expected).abs().max() > 1e-3
+        if arch.startswith("gpt"):
+            plain.decoder.final_layer_norm.eps /= 4 ** 2
+            torch.testing.assert_close(got, plain(tokens)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_value_residual_with_lambdas_one_zero_is_the_plain_model():
+    for arch in LMS:
+        plain, model, _ = _with_plain_weights(arch, VALUE["value_learnable"])
+        for depth in (m for m in model.modules() if hasattr(m, "value_residual")
+                      and m.value_residual is not None):
+            with torch.no_grad():
+                depth.value_residual.lambdas.copy_(torch.tensor([1.0, 0.0]))
+        tokens = _tokens()
+        with torch.no_grad():
+            assert torch.equal(model(tokens)[0], plain(tokens)[0])
+            depth.value_residual.lambdas[-1, 1] = 0.5  # the last block now reads V_1
+            assert not torch.equal(model(tokens)[0], plain(tokens)[0])
+
+
+def _train_steps(model, steps=5, lr=3e-2):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        tokens = _tokens(seed=step)
+        logits = model(tokens[:, :-1])[0]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                 tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def _streams(model, tokens):
+    """The gpt stack's state at its top: T x B x n x C."""
+    decoder = model.decoder
+    x = decoder.embed(tokens, torch.arange(tokens.size(1))).transpose(0, 1)
+    state = decoder.depth.start(x)
+    for i, block in enumerate(decoder.layers):
+        block(state, decoder.depth)
+        decoder.depth.end_block(state, i)
+    return state.stream
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_hyper_connection_streams_become_different_in_training(kind):
+    model, _, _ = _lm("gpt_baseline_lm_tiny", HC[kind])
+    model.eval()
+    with torch.no_grad():
+        streams = _streams(model, _tokens())
+    assert streams.size(-2) == 4
+    assert all(torch.equal(streams[..., 0, :], streams[..., s, :]) for s in range(1, 4))
+    _train_steps(model)
+    with torch.no_grad():
+        streams = _streams(model, _tokens())
+    assert min((streams[..., 0, :] - streams[..., s, :]).abs().max() for s in range(1, 4)) > 1e-4
+
+
+# -- incremental decoding, beam search ----------------------------------------------------------
+@pytest.mark.parametrize("arch,name", CASES)
+def test_incremental_equals_full_forward(arch, name):
+    model, _, _ = _lm(arch, methods(arch)[name])
+    # trained a little, so that no connection is at its (often trivial) initialisation
+    model = _train_steps(model, steps=3).double()
+    tokens = _tokens(length=14)
+    with torch.no_grad():
+        full = model(tokens)[0]
+        state, steps = {}, []
+        for t in range(tokens.size(1)):
+            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("arch,name", [("gpt_baseline_lm_tiny", "hc_value"),
+                                       ("ar_encdec_lm_tiny", "mudd_value"),
+                                       ("ar_encdec_lm_tiny", "lrf")])
+def test_beam_search_with_batch_and_beam_scores_equal_full_forward(arch, name):
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, task, _ = _lm(arch, methods(arch)[name], context=24)
+    model = _train_steps(model, steps=2)
+    prefix = _tokens(bsz=3, length=4)
+    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.full((3,), 4)}}
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10,
+                            search_strategy=search.BeamSearch(task.target_dictionary))
+    with torch.no_grad():
+        hypos = gen.generate([model], sample, prefix_tokens=prefix)
+    for i, sent in enumerate(hypos):
+        assert len(sent) == 3
+        for hyp in sent:
+            tokens = hyp["tokens"]
+            inp = torch.cat([tokens.new_tensor([task.dictionary.eos()]), tokens[:-1]])[None]
+            with torch.no_grad():
+                lprobs = model.get_normalized_probs(model(inp), log_probs=True)[0]
+            scores = lprobs.gather(-1, tokens[:, None])[:, 0]
+            torch.testing.assert_close(scores[4:], hyp["positional_scores"][4:],
+                                       rtol=1e-4, atol=1e-4)
+
+
+# -- what each method builds --------------------------------------------------------------------
+def test_each_stack_gets_its_own_connection_and_the_plain_model_the_residual():
+    plain, _, _ = _lm("ar_encdec_lm_tiny")
+    assert type(plain.decoder.depth.connection) is Connection
+    assert type(plain.decoder.encoder_depth.connection) is Connection
+    model, _, _ = _lm("ar_encdec_lm_tiny", HC["dynamic"] + ["--hc-expansion-rate", "3"])
+    enc, dec = model.decoder.encoder_depth.connection, model.decoder.depth.connection
+    assert enc.streams == dec.streams == 3 and enc is not dec
+    assert len(enc.sites) == 2 * 2 and len(dec.sites) == 2 * 3  # (self, ffn); (self, cross, ffn)
+    # the paper's init: sub-layer k reads stream k mod n
+    assert [int(enc.static_alpha[k, :, 0].argmax()) for k in range(4)] == [0, 1, 2, 0]
+
+
+def test_mudd_builds_separate_key_value_norms_from_the_second_block():
+    model, _, _ = _lm("gpt_baseline_lm_tiny", MUDD["mudd"])
+    blocks = model.decoder.layers
+    assert blocks[0].key_layer_norm is None
+    assert all(b.key_layer_norm is not None and b.value_layer_norm is not None
+               for b in blocks[1:])
+    das = model.decoder.depth.connection.aggregates
+    assert [(da.ways, da.states) for da in das] == [(4, 2), (4, 3), (4, 4), (1, 5)]
+    assert das[-1].w1.out_features == 4 * 5  # the last DA: 4x hidden width
+    assert all(torch.count_nonzero(da.w2.weight) == 0 for da in das)
+
+
+@pytest.mark.parametrize("arch,extra,message", [
+    ("gpt_baseline_lm_tiny", ["--hyper-connections", "static", "--hc-expansion-rate", "0"],
+     "hc-expansion-rate"),
+    ("gpt_baseline_lm_tiny", ["--hc-expansion-rate", "2"], "add --hyper-connections"),
+    ("gpt_baseline_lm_tiny", ["--hc-readout", "sum"], "add --hyper-connections"),
+    ("gpt_baseline_lm_tiny", ["--mudd-ways", "r"], "add --mudd"),
+    ("ar_encdec_lm_tiny", ["--mudd", "--decoder-block-order", "alt"],
+     "--decoder-block-order original"),
+    ("gpt_baseline_lm_tiny", ["--mudd", "--hyper-connections", "static"], "choose one"),
+    ("gpt_baseline_lm_tiny", ["--decoder-fusion", "--mudd"], "choose one"),
+    ("gpt_baseline_lm_tiny", ["--encoder-fusion"], "no encoder stack"),
+    ("gpt_baseline_lm_tiny", ["--fusion-kind", "dwa"], "neither --encoder-fusion"),
+    ("gpt_baseline_lm_tiny", ["--decoder-fusion", "--fusion-heads", "3"], "must divide --embed-dim"),
+])
+def test_build_time_errors(arch, extra, message):
+    with pytest.raises((ValueError, SystemExit)) as info:
+        _lm(arch, extra)
+    if info.type is ValueError:
+        assert message in str(info.value)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--mudd-ways", "qkv"], "invalid choice"),
+    (["--hyper-connections", "yes"], "invalid choice"),
+    (["--value-residual", "on"], "invalid choice"),
+])
+def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        _lm("gpt_baseline_lm_tiny", flags)
+    assert message in capsys.readouterr().err
+
+
+# -- the CLIs -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch,extra", [
+    ("gpt_baseline_lm_tiny", ["--mudd", "--value-residual", "learnable"]),
+    ("ar_encdec_lm_tiny", ["--hyper-connections", "dynamic"]),
+])
+def test_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path, arch, extra):
+    save = tmp_path / "ckpt"
+    run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+            "--arch", arch, "--tokens-per-sample", "32", "--sample-break-mode", "none",
+            "--optimizer", "adam", "--lr", "3e-3", "--batch-size", "8", "--max-update", "20",
+            "--save-dir", save, "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1",
+            "--log-format", "simple", "--log-interval", "10", *extra)
+    ckpt = save / "checkpoint_last.pt"
+    out = run_cli("fairseq-eval-lm", lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
+    assert "Perplexity:" in out
+    out = run_cli("fairseq-generate", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                  "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
+                  "--batch-size", "4", "--max-len-b", "10", "--prefix-size", "3", "--beam", "3",
+                  "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
+                  "--skip-invalid-size-inputs-valid-test")
+    assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
