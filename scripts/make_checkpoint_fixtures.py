@@ -54,7 +54,16 @@ LM_FIXTURES = {
         "--cross-attention-heads", "4", "--pos-embed-subtraction", "yes_ln", "--criterion",
         "lm_embedding_loss", "--embedding-loss", "cosine"]),
     "gpt_baseline_lm": ("gpt_baseline_lm_tiny", LM_SIZES),
+    # the depth connections (fairseq_plugins.depth), one per method
+    "gpt_hyper_connections_lm": ("gpt_baseline_lm_tiny", LM_SIZES + [
+        "--hyper-connections", "dynamic", "--hc-expansion-rate", "2"]),
+    "gpt_mudd_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mudd"]),
+    "ar_value_residual_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "2", "--value-residual", "learnable"]),
 }
+# the depth connections' parameters start at the identity (or a constant): moved off it in the
+# fixtures, so that loading them is really checked
+RANDOMISED_LM = ("depth.connection.", "depth.value_residual.")
 
 
 def _save(out, args, model):
@@ -70,6 +79,11 @@ def _save(out, args, model):
 def make_lm(name, arch, flags, out_root):
     dictionary = make_dict(16, "w")
     model, _, args = build_language_model(arch, flags, dictionary, seed=7)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if any(part in key for part in RANDOMISED_LM):
+                p.add_(0.3 * torch.randn_like(p))
     args.data = "."
     out = os.path.join(out_root, name)
     _save(out, args, model)

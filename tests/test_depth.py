@@ -269,3 +269,53 @@ def test_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path
                   "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
                   "--skip-invalid-size-inputs-valid-test")
     assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
+
+
+# -- weight decay -------------------------------------------------------------------------------
+def _fairseq_optimizer(params, name="adam", weight_decay=0.1):
+    from argparse import Namespace
+
+    from fairseq import optim
+    cfg = Namespace(optimizer=name, lr=[1e-2], weight_decay=weight_decay, adam_betas="(0.9, 0.98)",
+                    adam_eps=1e-8, momentum=0.9, use_old_adam=False, fp16_adam_stats=False,
+                    tpu=False)
+    return optim.build_optimizer(cfg, params)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "nag", "sgd"])
+def test_connection_parameters_get_no_weight_decay(optimizer):
+    model, _, _ = _lm("gpt_baseline_lm_tiny", HC["dynamic"] + VALUE["value_learnable"])
+    connection = {id(p) for p in model.decoder.depth.connection_parameters()}
+    assert len(connection) == 8 + 1  # HC dynamic: eight tensors; the lambdas
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _fairseq_optimizer(params, optimizer)
+    before = {id(p): p.detach().clone() for p in params}
+    for p in params:
+        p.grad = torch.zeros_like(p)  # only the decay moves anything
+    opt.step()
+    for p in params:
+        moved = not torch.equal(p, before[id(p)])
+        assert moved == (id(p) not in connection and bool(before[id(p)].any())), p.shape
+    # the optimizer's groups are fairseq's single group again, in its order (checkpoints)
+    assert len(opt.optimizer.param_groups) == 1
+    assert [id(p) for p in opt.optimizer.param_groups[0]["params"]] == [id(p) for p in params]
+    assert len(opt.state_dict()["param_groups"]) == 1
+
+
+def test_decay_depth_connections_decays_them_too():
+    model, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"] + ["--decay-depth-connections"])
+    hc = model.decoder.depth.connection
+    opt = _fairseq_optimizer([p for p in model.parameters()])
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    before = hc.static_beta.detach().clone()
+    opt.step()
+    assert not torch.equal(hc.static_beta, before)
+
+
+def test_flattened_fp16_with_weight_decay_is_a_build_time_error():
+    with pytest.raises(ValueError, match="--fp16-no-flatten-grads"):
+        _lm("gpt_baseline_lm_tiny", ["--mudd", "--fp16", "--optimizer", "adam",
+                                      "--weight-decay", "0.01"])
+    _lm("gpt_baseline_lm_tiny", ["--mudd", "--fp16", "--fp16-no-flatten-grads", "--optimizer",
+                                 "adam", "--weight-decay", "0.01"])

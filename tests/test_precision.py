@@ -42,6 +42,16 @@ LMS = {
         "--cross-attention-heads", "3", "--pos-embed-subtraction", "yes_ln",
         "--criterion", "lm_embedding_loss", "--embedding-loss", "mse"]),
     "gpt_baseline_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy"]),
+    # the depth connections (fairseq_plugins.depth)
+    "gpt_hyper_connections_value_residual": ("gpt_baseline_lm_tiny", LM_SIZES + [
+        "--criterion", "cross_entropy", "--hyper-connections", "dynamic",
+        "--value-residual", "learnable"]),
+    "gpt_mudd": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy", "--mudd"]),
+    "ar_encdec_lm_dwa_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--encoder-fusion",
+        "--fusion-kind", "dwa"]),
+    "ar_encdec_lm_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--decoder-fusion"]),
 }
 FAMILIES = sorted(SEQ2SEQ) + sorted(LMS)
 # |loss - float32 loss| / float32 loss and ||grad - float32 grad|| / ||float32 grad|| (all

@@ -15,12 +15,12 @@ into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:
 """
 from typing import List, Optional
 
-from . import hyper_connections, mudd, value_residual
+from . import hyper_connections, mudd, value_residual, weight_decay
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
 
 METHODS = (hyper_connections, mudd, value_residual)
-CONFIGS = tuple(method.CONFIG for method in METHODS)
+CONFIGS = tuple(method.CONFIG for method in METHODS) + (weight_decay.CONFIG,)
 FLAGS = {hyper_connections: "--hyper-connections", mudd: "--mudd",
          value_residual: "--value-residual"}
 

@@ -68,8 +68,10 @@ def build(args, layout: Layout, embed_dim: int) -> "Mudd":
 
 
 def rms_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """RMSNorm without a gain, over the last dim."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    """RMSNorm without a gain, over the last dim; computed in (at least) float32: in float16
+    the backward of rsqrt of a small mean square overflows (u^-1.5)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class DepthAggregate(nn.Module):
@@ -145,6 +147,10 @@ class Mudd(Connection):
             state.inputs = Inputs(query, key, value)
         else:
             state.stream = mixed[0]
+
+    def connection_parameters(self) -> List[nn.Parameter]:
+        """The static weights (W1 and W2 are ordinary weights, decayed as usual)."""
+        return [da.static for da in self.aggregates]
 
     def logged_weights(self) -> Dict[str, Tensor]:
         """The static weights of the last DA (the residual into the final norm), per state."""

@@ -258,6 +258,9 @@ class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
         decoder = cls.decoder_class(args, task.target_dictionary)
         decoder.init_weights()
         _unregister_missing_parameters(decoder)
+        depth.weight_decay.exclude(args, [p for m in decoder.modules()
+                                          if isinstance(m, depth.Depth)
+                                          for p in m.connection_parameters()])
         model = cls(decoder)
         if args.log_layer_weights:
             model.start_logging_layer_weights(args.arch)
