@@ -319,3 +319,16 @@ def test_flattened_fp16_with_weight_decay_is_a_build_time_error():
                                       "--weight-decay", "0.01"])
     _lm("gpt_baseline_lm_tiny", ["--mudd", "--fp16", "--fp16-no-flatten-grads", "--optimizer",
                                  "adam", "--weight-decay", "0.01"])
+
+
+@pytest.mark.parametrize("family", ["gpt_baseline_lm", "ar_encdec_lm"])
+def test_every_method_has_a_tiny_preset_in_every_family(family):
+    from fairseq_plugins import depth
+    for name, options in depth.PRESETS.items():
+        model, _, args = build_language_model(f"{family}_{name}_tiny", ["--tokens-per-sample", 16])
+        assert all(getattr(args, key) == value for key, value in options.items())
+        assert depth.active_flags(args)
+    # an option given on the command line wins over the preset's
+    _, _, args = build_language_model(f"{family}_hyper_connections_tiny",
+                                      ["--tokens-per-sample", 16, "--hyper-connections", "static"])
+    assert args.hyper_connections == "static"

@@ -21,6 +21,8 @@ from .interface import Connection, Depth, Layout
 
 METHODS = (hyper_connections, mudd, value_residual)
 CONFIGS = tuple(method.CONFIG for method in METHODS) + (weight_decay.CONFIG,)
+# the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
+PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
 FLAGS = {hyper_connections: "--hyper-connections", mudd: "--mudd",
          value_residual: "--value-residual"}
 

@@ -58,6 +58,7 @@ class HyperConnectionsConfig(FairseqDataclass):
               "scale)", choices=READOUTS, default_text="mean")
 
 
+PRESETS = {"hyper_connections": {"hyper_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = HyperConnectionsConfig
 DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
 

@@ -46,6 +46,7 @@ class MuddConfig(FairseqDataclass):
         choices=WAYS, default_text="qkvr")
 
 
+PRESETS = {"mudd": {"mudd": True}}  # <family>_<name>_tiny
 CONFIG = MuddConfig
 
 

@@ -39,6 +39,7 @@ class ValueResidualConfig(FairseqDataclass):
                 "per block", choices=KINDS)
 
 
+PRESETS = {"value_residual": {"value_residual": "learnable"}}  # <family>_<name>_tiny
 CONFIG = ValueResidualConfig
 
 

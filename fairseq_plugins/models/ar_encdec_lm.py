@@ -25,6 +25,7 @@ from ..modules.lm_blocks import (CrossDecoderBlock, PreNormBlock, built_once_per
                                  layer_norm, memory_projection, project_memories)
 from ..config import architecture, option
 from ..registry import register_model, register_model_architecture
+from .. import depth
 from ..criterions import embedding_loss_contract
 from ..depth.interface import run_blocks
 from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, build_stack, lm_sizes
@@ -153,10 +154,12 @@ class ArEncDecLM(CausalLM):
                              "drop --no-embedding-loss-norms")
 
 
-def _preset(name, embed_dim, layers, heads, cross_heads):
+def _preset(name, embed_dim, layers, heads, cross_heads, options=None):
     def arch(args):
         lm_sizes(args, embed_dim, layers, heads)
         args.cross_attention_heads = getattr(args, "cross_attention_heads", cross_heads)
+        for key, value in (options or {}).items():
+            setattr(args, key, getattr(args, key, value))
 
     arch.__name__ = arch.__qualname__ = name
     return register_model_architecture(MODEL_NAME, name)(architecture(arch))
@@ -165,3 +168,6 @@ def _preset(name, embed_dim, layers, heads, cross_heads):
 # --arch ar_encdec_lm is registered by register_model (its sizes: reference_sizes above)
 _preset("ar_encdec_lm_yif", *ArEncDecLM.reference_sizes, REFERENCE_CROSS_HEADS)
 _preset("ar_encdec_lm_tiny", embed_dim=32, layers=2, heads=4, cross_heads=4)
+# the depth connections at the tiny size: ar_encdec_lm_<method>_tiny (fairseq_plugins.depth)
+for _name, _options in depth.PRESETS.items():
+    _preset(f"ar_encdec_lm_{_name}_tiny", 32, 2, 4, 4, _options)

@@ -1,6 +1,7 @@
 """``gpt_baseline_lm``: the decoder-only baseline of yif-AI's
 ``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions,
 final LayerNorm, tied output, no biases by default)."""
+from .. import depth
 from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
@@ -51,9 +52,11 @@ class GPTBaselineLM(CausalLM):
                              "--embedding-loss none or --criterion cross_entropy")
 
 
-def _preset(name, embed_dim, layers, heads):
+def _preset(name, embed_dim, layers, heads, options=None):
     def arch(args):
         lm_sizes(args, embed_dim, layers, heads)
+        for key, value in (options or {}).items():
+            setattr(args, key, getattr(args, key, value))
 
     arch.__name__ = arch.__qualname__ = name
     return register_model_architecture(MODEL_NAME, name)(architecture(arch))
@@ -65,3 +68,6 @@ def _preset(name, embed_dim, layers, heads):
 _preset("gpt_baseline_lm_yif", 160, 26, 10)
 _preset("gpt_baseline_lm_yif_small", 156, 26, 12)
 _preset("gpt_baseline_lm_tiny", 32, 4, 4)
+# the depth connections at the tiny size: gpt_baseline_lm_<method>_tiny (fairseq_plugins.depth)
+for _name, _options in depth.PRESETS.items():
+    _preset(f"gpt_baseline_lm_{_name}_tiny", 32, 4, 4, _options)
