@@ -81,3 +81,40 @@ def assert_batch_equals_one_by_one(model, task, src, lengths, beam=4):
             for hb, hs in zip(batched[i], single[0]):
                 assert torch.equal(hb["tokens"], hs["tokens"])
                 assert abs(hb["score"].item() - hs["score"].item()) < 1e-4
+
+
+def assert_lm_beam_search_scores_equal_full_forward(model, task, prefix, beam=3, max_len_b=10):
+    """fairseq's beam search over a language model (``prefix``: B x P forced tokens, B > 1,
+    ``beam`` > 1, cached incremental decoding): every hypothesis keeps its prefix and its
+    positional scores after the prefix equal one full forward of the hypothesis."""
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    bsz, length = prefix.shape
+    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.full((bsz,), length)}}
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=max_len_b,
+                            search_strategy=search.BeamSearch(task.target_dictionary))
+    with torch.no_grad():
+        hypos = gen.generate([model], sample, prefix_tokens=prefix)
+    for i, sent in enumerate(hypos):
+        assert len(sent) == beam
+        for hyp in sent:
+            tokens = hyp["tokens"]
+            inp = torch.cat([tokens.new_tensor([task.dictionary.eos()]), tokens[:-1]])[None]
+            with torch.no_grad():
+                lprobs = model.get_normalized_probs(model(inp), log_probs=True)[0]
+            scores = lprobs.gather(-1, tokens[:, None])[:, 0]
+            torch.testing.assert_close(scores[length:], hyp["positional_scores"][length:],
+                                       rtol=1e-4, atol=1e-4)
+            assert torch.equal(tokens[:length], prefix[i])
+
+
+def assert_lm_incremental_equals_full_forward(model, tokens):
+    """One-token incremental steps of a language model's decoder (B x T ``tokens``) give the
+    full forward's outputs (float64 models: to 1e-10)."""
+    with torch.no_grad():
+        full = model(tokens)[0]
+        state, steps = {}, []
+        for t in range(tokens.size(1)):
+            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)

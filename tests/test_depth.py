@@ -3,7 +3,9 @@ setting, incremental decoding, beam search, build-time errors, training through 
 import pytest
 import torch
 from conftest import run_cli
-from helpers import PLUGIN_DIR, build_language_model
+from helpers import (PLUGIN_DIR, assert_lm_beam_search_scores_equal_full_forward,
+                     assert_lm_incremental_equals_full_forward,
+                     build_language_model)
 
 from fairseq_plugins.depth.interface import Connection
 
@@ -154,40 +156,16 @@ def test_incremental_equals_full_forward(arch, name):
     model, _, _ = _lm(arch, methods(arch)[name])
     # trained a little, so that no connection is at its (often trivial) initialisation
     model = _train_steps(model, steps=3).double()
-    tokens = _tokens(length=14)
-    with torch.no_grad():
-        full = model(tokens)[0]
-        state, steps = {}, []
-        for t in range(tokens.size(1)):
-            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert_lm_incremental_equals_full_forward(model, _tokens(length=14))
 
 
 @pytest.mark.parametrize("arch,name", [("gpt_baseline_lm_tiny", "hc_value"),
                                        ("ar_encdec_lm_tiny", "mudd_value"),
                                        ("ar_encdec_lm_tiny", "lrf")])
 def test_beam_search_with_batch_and_beam_scores_equal_full_forward(arch, name):
-    from fairseq import search
-    from fairseq.sequence_generator import SequenceGenerator
-
     model, task, _ = _lm(arch, methods(arch)[name], context=24)
     model = _train_steps(model, steps=2)
-    prefix = _tokens(bsz=3, length=4)
-    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.full((3,), 4)}}
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10,
-                            search_strategy=search.BeamSearch(task.target_dictionary))
-    with torch.no_grad():
-        hypos = gen.generate([model], sample, prefix_tokens=prefix)
-    for i, sent in enumerate(hypos):
-        assert len(sent) == 3
-        for hyp in sent:
-            tokens = hyp["tokens"]
-            inp = torch.cat([tokens.new_tensor([task.dictionary.eos()]), tokens[:-1]])[None]
-            with torch.no_grad():
-                lprobs = model.get_normalized_probs(model(inp), log_probs=True)[0]
-            scores = lprobs.gather(-1, tokens[:, None])[:, 0]
-            torch.testing.assert_close(scores[4:], hyp["positional_scores"][4:],
-                                       rtol=1e-4, atol=1e-4)
+    assert_lm_beam_search_scores_equal_full_forward(model, task, _tokens(bsz=3, length=4))
 
 
 # -- what each method builds --------------------------------------------------------------------

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import cli_env, run_cli
-from helpers import PLUGIN_DIR, SCRIPTS, build_language_model, make_dict
+from helpers import (PLUGIN_DIR, SCRIPTS, assert_lm_beam_search_scores_equal_full_forward,
+                     assert_lm_incremental_equals_full_forward,
+                     build_language_model, make_dict)
 
 from fairseq_plugins.criterions.lm_embedding_loss import LMEmbeddingLossCriterion, embedding_loss
 from fairseq_plugins.models.causal_lm_base import TiedOutputProjection
@@ -168,13 +170,7 @@ def test_memories_projected_together_equal_each_blocks_layer_norm_and_projection
 def test_incremental_equals_full_forward(arch, extra):
     model, _, _ = _lm(arch, extra)
     model = model.double().eval()
-    tokens = _tokens(length=16)
-    with torch.no_grad():
-        full = model(tokens)[0]
-        state, steps = {}, []
-        for t in range(tokens.size(1)):
-            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert_lm_incremental_equals_full_forward(model, _tokens(length=16))
 
 
 def test_incremental_decoding_builds_the_fused_weights_once_per_search(monkeypatch):
@@ -312,28 +308,9 @@ def test_context_longer_than_the_positional_table_is_an_error():
 
 
 def test_beam_search_and_sampling_with_batch_and_beam():
-    from fairseq import search
-    from fairseq.sequence_generator import SequenceGenerator
-
     for arch in ("ar_encdec_lm_tiny", "gpt_baseline_lm_tiny"):
         model, task, _ = _lm(arch, context=24, seed=2)
-        model.eval()
-        prefix = _tokens(bsz=3, length=4)
-        sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.full((3,), 4)}}
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10,
-                                search_strategy=search.BeamSearch(task.target_dictionary))
-        with torch.no_grad():
-            hypos = gen.generate([model], sample, prefix_tokens=prefix)
-        for i, sent in enumerate(hypos):
-            assert len(sent) == 3
-            for hyp in sent:  # scores of the cached search == one full forward of the result
-                tokens = hyp["tokens"]
-                inp = torch.cat([tokens.new_tensor([task.dictionary.eos()]), tokens[:-1]])[None]
-                lprobs = model.get_normalized_probs(model(inp), log_probs=True)[0]
-                scores = lprobs.gather(-1, tokens[:, None])[:, 0]
-                torch.testing.assert_close(scores[4:], hyp["positional_scores"][4:],
-                                           rtol=1e-4, atol=1e-4)
-                assert torch.equal(tokens[:4], prefix[i])
+        assert_lm_beam_search_scores_equal_full_forward(model.eval(), task, _tokens(bsz=3, length=4))
 
 
 def _train_lm(lm_bin, save_dir, arch, *extra):
