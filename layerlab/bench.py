@@ -38,6 +38,12 @@ TARGETS = (
     ("lm", "train_tokens_per_second_ratio", None, ">=", 0.9,
      "{}: training tokens/s / gpt_baseline_lm's"),
     ("lm", "cache_speedup", None, ">=", 5.0, "{}: cached generation / recomputing the context"),
+    ("depth", "train_time_ratio", ("hc_dynamic_n4",), "<=", 1.10,
+     "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio", ("value_residual",), "<=", 1.02,
+     "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio", ("mudd",), "<=", 1.15, "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio", ("dwa",), "<=", 1.05, "{}: training time / the plain LM's"),
 )
 
 
@@ -45,6 +51,8 @@ def _measured(part, report, ratio):
     """{row: value} of one ratio in a part's report."""
     if part == "seq2seq":
         rows = report["ratios_vs_transformer"]
+    elif part == "depth":
+        rows = report["ratios_vs_plain"]
     elif ratio == "cache_speedup":
         return dict(report["cache_speedup"])
     else:

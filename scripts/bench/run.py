@@ -7,9 +7,10 @@ baseline in the same run, the scaling curves, and the targets checked (JSON + ma
 
 Runs ``seq2seq.py`` (transformer vs fusion enc/dec/both, bridge, the three cross-attention
 variants: training tokens/s, beam-5 generation, peak memory), ``lm.py`` (gpt_baseline_lm vs
-ar_encdec_lm with and without the embedding loss; cached vs recomputed generation at context 200)
-and ``scaling.py`` (time per update against length and depth, with the MAC model), then checks
-the targets of the architecture issues. Every figure is a ratio to a baseline measured in the
+ar_encdec_lm with and without the embedding loss; cached vs recomputed generation at context 200),
+``depth.py`` (the depth connections in gpt_baseline_lm against the plain model, at 4 and 12
+blocks) and ``scaling.py`` (time per update against length and depth, with the MAC model), then
+checks the targets of the architecture issues. Every figure is a ratio to a baseline measured in the
 same process; absolute numbers are printed but only mean something on a GPU. On a GPU, commit
 the JSON under its own name, e.g. ``--out results/bench_cuda_fp16.json``. No timing is ever
 asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
@@ -24,11 +25,12 @@ from layerlab import bench as common
 from layerlab import paths
 
 # the parts are scripts of their own (each also runs alone)
+depth = paths.load_script("bench", "depth.py")
 lm = paths.load_script("bench", "lm.py")
 scaling = paths.load_script("bench", "scaling.py")
 seq2seq = paths.load_script("bench", "seq2seq.py")
 
-PARTS = {"seq2seq": seq2seq, "lm": lm, "scaling": scaling}
+PARTS = {"seq2seq": seq2seq, "lm": lm, "depth": depth, "scaling": scaling}
 
 
 def markdown(report):
@@ -44,6 +46,7 @@ def markdown(report):
         lines.append(f"| {t['target']} | {t['measured']} | {t['required']} | "
                      f"{'yes' if t['met'] else '**no**'} |")
     titles = {"seq2seq": "Sequence-to-sequence models", "lm": "Language models",
+              "depth": "Depth connections in the language model",
               "scaling": "Scaling with length and depth"}
     for name, part in report["parts"].items():
         lines += ["", f"## {titles[name]}", "", PARTS[name].markdown_table(part)]
