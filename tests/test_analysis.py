@@ -143,6 +143,34 @@ def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch)
     assert set(result["updates"]["decoder"]["1"]) >= {"self-attention", "FFN"}
 
 
+@pytest.mark.parametrize("arch,extra,additive", [
+    ("gpt_baseline_lm", ["--decoder-fusion", "--fusion-kind", "dwa"], True),
+    ("gpt_baseline_lm", ["--hyper-connections", "dynamic", "--value-residual", "learnable"], False),
+    ("ar_encdec_lm", ["--mudd"], False),
+])
+def test_language_models_with_depth_connections_are_analysed(arch, extra, additive):
+    model, task, _ = build_language_model(arch, LMS[arch] + extra, seed=1)
+    with torch.no_grad():  # off the identity initialisation, so that the weights say something
+        for name, p in model.named_parameters():
+            if "depth." in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
+                           generator=torch.Generator().manual_seed(0))
+    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    analysis = LayerAnalysis(model, task.dictionary.pad())
+    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})  # checks the lens
+    result = analysis.result()
+    # additive connections decompose exactly; stream-mixing ones have nothing to check
+    assert result["update_decomposition_max_error"] < 1e-5
+    if additive:
+        assert set(result["updates"]["decoder"]["2"]) >= {"self-attention", "FFN",
+                                                          "depth average"}
+    assert len(result["logit_lens"]["accuracy"]) == len(model.decoder.layers) + 1
+    weights = result["layer_weights"]["depth_connections"]["decoder.depth"]
+    assert weights and all(v == v for v in weights.values())
+
+
 @pytest.mark.parametrize("family", sorted(SEQ2SEQ))
 def test_last_layer_logit_lens_is_the_model_output(family):
     model, _, src, lengths, prev = _seq2seq(family)

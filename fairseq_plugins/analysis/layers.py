@@ -282,4 +282,17 @@ def layer_weights(model) -> Dict:
                     if getattr(layer, "depth_average", None) is not None}
         if averages:
             out.setdefault("depth_averages", {})[side] = averages
+    # the depth connections of the stacks that run the interface (the language models): every
+    # weight their modules report (DWA alphas, Hyper-Connections' static read/write weights,
+    # MUDD's final static weights, value-residual lambdas)
+    from ..depth.interface import Depth
+
+    for name, depth in model.named_modules():
+        if isinstance(depth, Depth):
+            weights = {f"{sub}.{key}" if sub else key: float(value)
+                       for sub, module in depth.named_modules()
+                       if callable(getattr(module, "logged_weights", None))
+                       for key, value in module.logged_weights().items()}
+            if weights:
+                out.setdefault("depth_connections", {})[name] = weights
     return out

@@ -57,6 +57,9 @@ class UpdateRecorder:
                 x, block, where = args
                 (self.inputs if where == "input" else self.outputs)[block] = x
             self.handles.append(depth.block_states.register_forward_hook(block_state))
+            # DWA as the stack's connection: its averages, keyed by block
+            for key, average in getattr(depth.connection, "averages", {}).items():
+                self._hook_average(int(key), average)
 
     def _hook_layer(self, i: int, layer: nn.Module):
         def layer_pre(module, args, kwargs):
@@ -80,10 +83,14 @@ class UpdateRecorder:
                         self._post_norm(i, f"{label} LayerNorm")))
         average = getattr(layer, "depth_average", None)
         if average is not None:
-            def average_hook(module, args, output):
-                newest = args[0][module.inputs[-1]]
-                self.terms[i]["depth average"] = output - newest
-            self.handles.append(average.register_forward_hook(average_hook))
+            self._hook_average(i, average)
+
+    def _hook_average(self, i: int, average: nn.Module):
+        """A depth-weighted average after layer i: its change of the layer's output."""
+        def average_hook(module, args, output):
+            newest = args[0][module.inputs[-1]]
+            self.terms[i]["depth average"] = output - newest
+        self.handles.append(average.register_forward_hook(average_hook))
 
     def _sublayer(self, i: int, label: str):
         def hook(module, args, output):
