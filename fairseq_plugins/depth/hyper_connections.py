@@ -142,12 +142,14 @@ class HyperConnections(Connection):
         dynamic: per position."""
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if self.dynamic:
-            normed = F.layer_norm(stream, stream.shape[-1:], self.norm_weight[k].to(stream.dtype),
-                                  self.norm_bias[k].to(stream.dtype), eps=1e-5)
-            alpha = alpha + self.alpha_scale[k] * torch.tanh(normed @ self.dynamic_alpha[k].to(
-                stream.dtype))
-            beta = beta + self.beta_scale[k] * torch.tanh(normed @ self.dynamic_beta[k].to(
-                stream.dtype))
+            dtype, n = stream.dtype, self.streams
+            normed = F.layer_norm(stream, stream.shape[-1:], self.norm_weight[k].to(dtype),
+                                  self.norm_bias[k].to(dtype), eps=1e-5)
+            # both maps in one GEMM (C x (n+2)), one tanh: ... x n x (n+2)
+            maps = torch.cat([self.dynamic_alpha[k], self.dynamic_beta[k].unsqueeze(-1)], dim=-1)
+            dynamic = torch.tanh(normed @ maps.to(dtype))
+            alpha = alpha + self.alpha_scale[k] * dynamic[..., :n + 1]
+            beta = beta + self.beta_scale[k] * dynamic[..., n + 1]
         return alpha.to(stream.dtype), beta.to(stream.dtype)
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
