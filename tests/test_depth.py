@@ -310,3 +310,20 @@ def test_every_method_has_a_tiny_preset_in_every_family(family):
     _, _, args = build_language_model(f"{family}_hyper_connections_tiny",
                                       ["--tokens-per-sample", 16, "--hyper-connections", "static"])
     assert args.hyper_connections == "static"
+
+
+def test_checkpoints_of_another_variant_load_or_fail_clearly():
+    static, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"])
+    _train_steps(static, steps=2)
+    dynamic, _, _ = _lm("gpt_baseline_lm_tiny", HC["dynamic"], seed=3)
+    dynamic.load_state_dict(static.state_dict())  # fairseq's load: upgrade, then strict
+    tokens = _tokens()
+    with torch.no_grad():  # the dynamic part at its init: the static model's function
+        torch.testing.assert_close(dynamic.eval()(tokens)[0], static.eval()(tokens)[0],
+                                   rtol=1e-5, atol=1e-5)
+    plain, _, _ = _lm("gpt_baseline_lm_tiny")
+    with pytest.raises(ValueError, match="not trained with --hyper-connections"):
+        dynamic.load_state_dict(plain.state_dict())
+    two, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"] + ["--hc-expansion-rate", "2"])
+    with pytest.raises(ValueError, match="--hc-expansion-rate 2"):
+        static.load_state_dict(two.state_dict())

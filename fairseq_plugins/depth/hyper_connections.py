@@ -27,6 +27,7 @@ a Linear to the decoder input) would start n times the plain model's output with
 the mean the model at initialisation is the plain pre-norm model to float rounding of the mean
 (tested at 1e-6 relative).
 """
+import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -38,6 +39,8 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from .interface import Connection, Inputs, Layout, StackState
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("none", "static", "dynamic")
 READOUTS = ("mean", "sum")
@@ -131,6 +134,30 @@ class HyperConnections(Connection):
             self.dynamic_beta.zero_()
             self.alpha_scale.fill_(0.01)
             self.beta_scale.fill_(0.01)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A checkpoint of static Hyper-Connections into the dynamic variant: the dynamic part
+        starts at its initialisation (maps 0: the same function as the checkpoint). A
+        checkpoint without the static weights (another method's, or a plain model's) cannot
+        be continued with Hyper-Connections: an error naming the flag."""
+        prefix = f"{name}." if name else ""
+        if f"{prefix}static_alpha" not in state_dict:
+            raise ValueError(f"the checkpoint has no Hyper-Connections weights at {prefix}"
+                             "static_alpha: it was not trained with --hyper-connections; "
+                             "train without the flag, or start the connections from scratch")
+        if self.dynamic and f"{prefix}dynamic_alpha" not in state_dict:
+            logger.info(f"{prefix}: a static Hyper-Connections checkpoint, the dynamic part "
+                        "starts at its initialisation")
+            init = HyperConnections(self.layout, self.norm_weight.size(1), self.streams, True)
+            for key in ("norm_weight", "norm_bias", "dynamic_alpha", "dynamic_beta",
+                        "alpha_scale", "beta_scale"):
+                state_dict[f"{prefix}{key}"] = getattr(init, key).detach().to(
+                    getattr(self, key))
+        shape = tuple(state_dict[f"{prefix}static_alpha"].shape)
+        if shape != tuple(self.static_alpha.shape):
+            raise ValueError(f"the checkpoint's Hyper-Connections have {shape[1]} streams over "
+                             f"{shape[0]} sub-layers; this model {self.streams} over "
+                             f"{self.static_alpha.size(0)}: use --hc-expansion-rate {shape[1]}")
 
     def start(self, x: Tensor) -> StackState:
         """n copies of the embedding output: T x B x n x C."""
