@@ -42,10 +42,13 @@ FIXTURES = {
     "dwa_transformer": ("dwa_transformer_tiny", SIZES + ["--encoder-layers", "3",
                                                          "--dwa-dilation", "2"]),
     "transparent_transformer": ("transparent_transformer_tiny", SIZES),
+    # the depth connections in layerwise_transformer (pre-norm presets)
+    "hyper_connections_transformer": ("hyper_connections_transformer_tiny", SIZES),
+    "mudd_transformer": ("mudd_transformer_tiny", SIZES),
 }
 # parameters whose initialisation is a constant (the DWA identity, transparent attention's zero
 # logits): drawn at random in the fixture, so that loading them is really checked
-RANDOMISED = ("depth_average.weight", "bridge.weight")
+RANDOMISED = ("depth.connection.averages.", "bridge.weight")
 LM_SIZES = ["--embed-dim", "16", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]
 # language models: (arch, flags); the checkpoint's dictionary is dict.txt
@@ -117,8 +120,14 @@ def make(name, arch, flags, out_root):
         torch.manual_seed(5)
         with torch.no_grad():
             for key, p in model.named_parameters():
-                if key.endswith(RANDOMISED):
+                if any(part in key for part in RANDOMISED):
                     p.normal_()
+    if name in ("hyper_connections_transformer", "mudd_transformer"):
+        torch.manual_seed(5)  # moved off the identity, as the language models' (RANDOMISED_LM)
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if any(part in key for part in RANDOMISED_LM):
+                    p.add_(0.3 * torch.randn_like(p))
     args.data = "."
     out = os.path.join(out_root, name)
     _save(out, args, model)

@@ -83,7 +83,7 @@ def _randomise_constant_inits(model, seed=3):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("depth_average.weight", "bridge.weight")):
+            if "depth.connection.averages." in name or name.endswith("bridge.weight"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
         bias = getattr(model.decoder, "final_logits_bias", None)
         if bias is not None:
@@ -110,9 +110,9 @@ def test_uniform_attention_has_entropy_log_s():
 def test_sublayer_updates_reproduce_each_layer_output(family):
     model, _, src, lengths, prev = _seq2seq(family)
     with torch.no_grad():
-        with UpdateRecorder(model.encoder.layers) as enc:
+        with UpdateRecorder(model.encoder.layers, getattr(model.encoder, "depth", None)) as enc:
             encoder_out = model.encoder(src, src_lengths=lengths)
-        with UpdateRecorder(model.decoder.layers) as dec:
+        with UpdateRecorder(model.decoder.layers, getattr(model.decoder, "depth", None)) as dec:
             model.decoder(prev, encoder_out=encoder_out)
     for recorder, n in ((enc, len(model.encoder.layers)), (dec, len(model.decoder.layers))):
         assert len(recorder.outputs) == n and check_complete(recorder, atol=1e-5) < 1e-5
@@ -126,6 +126,10 @@ def test_sublayer_updates_reproduce_each_layer_output(family):
     del dec.terms[0][dropped]
     with pytest.raises(AssertionError, match="miss"):
         check_complete(dec)
+    if getattr(model.encoder, "depth", None) is not None:  # its layers take the stack's state
+        with pytest.raises(TypeError, match="pass the stack's depth"), torch.no_grad():
+            with UpdateRecorder(model.encoder.layers):
+                model.encoder(src, src_lengths=lengths)
 
 
 @pytest.mark.parametrize("arch", sorted(LMS))

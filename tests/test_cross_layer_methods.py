@@ -27,7 +27,7 @@ def _randomise(model, skip, seed=1):
 def _randomise_dwa(model, seed=3):
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        if "depth_average" in name:
+        if "depth.connection.averages." in name:
             p.data.copy_(torch.randn(p.shape, generator=g) * 0.5)
 
 
@@ -50,7 +50,7 @@ def test_dwa_inputs_follow_dilation_and_period():
                                     ["--encoder-fusion", "--decoder-fusion"]])
 def test_dwa_starts_as_the_transformer_exactly(stacks, extra):
     base, task, _ = build_translation_model("transformer_tiny", extra, seed=1)
-    _randomise(base, skip="depth_average")
+    _randomise(base, skip="depth.connection")
     dense, _, _ = build_translation_model("layerwise_transformer_tiny",
                                           stacks + ["--fusion-kind", "dwa"] + extra,
                                           task.source_dictionary, task.target_dictionary)
@@ -66,7 +66,7 @@ def test_dwa_encoder_computes_the_weighted_averages(dilation, period):
     flags = ["--encoder-layers", "4", "--encoder-fusion", "--fusion-kind", "dwa",
              "--dwa-dilation", str(dilation), "--dwa-period", str(period)]
     base, task, _ = build_translation_model("transformer_tiny", ["--encoder-layers", "4"], seed=1)
-    _randomise(base, skip="depth_average")
+    _randomise(base, skip="depth.connection")
     dense, _, _ = build_translation_model("layerwise_transformer_tiny", flags,
                                           task.source_dictionary, task.target_dictionary)
     dense.load_state_dict(base.state_dict(), strict=True)
@@ -77,8 +77,8 @@ def test_dwa_encoder_computes_the_weighted_averages(dilation, period):
     x, _ = base.encoder.forward_embedding(src)
     x = (x * (1 - padding.unsqueeze(-1).type_as(x))).transpose(0, 1)  # as fairseq's encoder
     states = [x]
-    averages = {i: layer.depth_average for i, layer in enumerate(dense.encoder.layers)
-                if layer.depth_average is not None}
+    averages = {int(i): average
+                for i, average in dense.encoder.depth.connection.averages.items()}
     assert sorted(averages) == [b - 1 for b in range(1, 5) if b % period == 0]
     for i, layer in enumerate(base.encoder.layers):
         states.append(layer(x, encoder_padding_mask=padding))

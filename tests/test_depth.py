@@ -1,11 +1,14 @@
-"""Depth connections (fairseq_plugins.depth) in the language models: every method's identity
-setting, incremental decoding, beam search, build-time errors, training through the CLIs."""
+"""Depth connections (fairseq_plugins.depth) in the language models and in
+``layerwise_transformer``: every method's identity setting, incremental decoding, beam search,
+build-time errors, training through the CLIs."""
 import pytest
 import torch
-from conftest import run_cli
-from helpers import (PLUGIN_DIR, assert_lm_beam_search_scores_equal_full_forward,
+from conftest import run_cli, train
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one,
+                     assert_lm_beam_search_scores_equal_full_forward,
                      assert_lm_incremental_equals_full_forward,
-                     build_language_model)
+                     build_language_model, build_translation_model, incremental_decode,
+                     random_batch)
 
 from fairseq_plugins.depth.interface import Connection
 
@@ -327,3 +330,123 @@ def test_checkpoints_of_another_variant_load_or_fail_clearly():
     two, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"] + ["--hc-expansion-rate", "2"])
     with pytest.raises(ValueError, match="--hc-expansion-rate 2"):
         static.load_state_dict(two.state_dict())
+
+
+# -- layerwise_transformer (the seq2seq encoder and decoder) ---------------------------------------
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+SEQ2SEQ = {"hc_static": PRE_NORM + HC["static"], "hc_dynamic": PRE_NORM + HC["dynamic"],
+           "hc_n2_sum": PRE_NORM + HC["dynamic_n2_sum"], "mudd_r": PRE_NORM + MUDD["mudd_r"],
+           "hc_bridge": PRE_NORM + HC["dynamic"] + ["--bridge", "fc", "--bridge-init", "random"],
+           "mudd_r_transparent": PRE_NORM + MUDD["mudd_r"] + ["--bridge", "transparent"],
+           "hc_swapped": PRE_NORM + HC["static"] + ["--cross-attention", "swapped"]}
+SEQ2SEQ_IDENTITY = {"hc_static": 1e-14, "hc_dynamic": 1e-14, "mudd_r": 0.0}
+
+
+def _seq2seq_with_plain_weights(extra, seed=1):
+    """(fairseq's pre-norm transformer, layerwise_transformer with ``extra``) in float64, the
+    second holding the first's weights wherever their parameters coincide."""
+    plain, task, _ = build_translation_model("transformer_tiny", PRE_NORM, seed=seed)
+    model, _, _ = build_translation_model("layerwise_transformer_tiny", extra,
+                                          task.source_dictionary, task.target_dictionary,
+                                          seed=seed + 1)
+    added = sorted(set(model.state_dict()) - set(plain.state_dict()))
+    # torch's load (fairseq's would refuse a checkpoint without the connections' weights)
+    torch.nn.Module.load_state_dict(model, {**model.state_dict(), **plain.state_dict()})
+    return plain.double().eval(), model.double().eval(), task, added
+
+
+def _move_connections(model, scale=0.3, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".depth." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ_IDENTITY))
+def test_seq2seq_initialisation_is_the_plain_pre_norm_transformer(name):
+    plain, model, task, added = _seq2seq_with_plain_weights(SEQ2SEQ[name])
+    assert added and all(".depth.connection." in key for key in added)
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    with torch.no_grad():
+        expected = plain(src, lengths, prev)[0]
+        difference = (model(src, lengths, prev)[0] - expected).abs().max().item()
+        assert difference <= SEQ2SEQ_IDENTITY[name]
+        _move_connections(model)  # the connections are really in the path
+        assert (model(src, lengths, prev)[0] - expected).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ))
+def test_seq2seq_incremental_equals_full_forward_and_beam_batch_equals_one_by_one(name):
+    model, task, _ = build_translation_model("layerwise_transformer_tiny", SEQ2SEQ[name], seed=3)
+    _move_connections(model.double())
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    with torch.no_grad():
+        full = model(src, lengths, prev)[0]
+        # 1e-7: fairseq's sinusoidal positions are float32 tables (its own transformer differs
+        # by as much in float64)
+        torch.testing.assert_close(incremental_decode(model, src, lengths, prev), full,
+                                   rtol=0, atol=1e-6)
+    assert_batch_equals_one_by_one(model.float(), task, src, lengths, beam=3)
+
+
+def test_seq2seq_each_stack_gets_its_own_connection():
+    model, _, _ = build_translation_model("hyper_connections_transformer_tiny",
+                                          ["--encoder-layers", "3"])
+    enc, dec = model.encoder.depth.connection, model.decoder.depth.connection
+    assert enc is not dec and enc.layout == (("self", "ffn"),) * 3
+    assert dec.layout == (("self", "cross", "ffn"),) * 2
+    assert enc.static_alpha.shape[:2] == (6, 4) and dec.static_alpha.shape[:2] == (6, 4)
+    plain, _, _ = build_translation_model("layerwise_transformer_tiny")
+    assert not hasattr(plain.encoder.layers[0], "options")  # fairseq's own layers, no depth
+    assert plain.encoder.depth is None and plain.decoder.depth is None
+
+
+@pytest.mark.parametrize("extra,message", [
+    (HC["static"], "add --encoder-normalize-before"),
+    (["--encoder-normalize-before"] + HC["static"], "add --decoder-normalize-before"),
+    (PRE_NORM + VALUE["value_fixed"], "--value-residual is not available in layerwise"),
+    (PRE_NORM + MUDD["mudd"], "use --mudd-ways r"),
+    (PRE_NORM + HC["static"] + ["--encoder-fusion"], "choose one"),
+    (PRE_NORM + MUDD["mudd_r"] + ["--decoder-fusion", "--fusion-kind", "dwa"], "choose one"),
+    (PRE_NORM + HC["static"] + ["--cross-self-attention"],
+     "--cross-self-attention is not supported together with --hyper-connections"),
+])
+def test_seq2seq_build_time_errors(extra, message):
+    with pytest.raises(ValueError, match=message):
+        build_translation_model("layerwise_transformer_tiny", extra)
+
+
+def test_seq2seq_connection_parameters_get_no_weight_decay():
+    for arch in ("hyper_connections_transformer_tiny", "dwa_transformer_tiny"):
+        model, _, _ = build_translation_model(arch)
+        marked = {name for name, p in model.named_parameters()
+                  if getattr(p, "optim_overrides", None)}
+        assert marked and marked == {name for name, _ in model.named_parameters()
+                                     if ".depth.connection." in name}, arch
+
+
+def test_dwa_checkpoints_from_before_the_interface_load_into_the_connection():
+    model, _, _ = build_translation_model("dwa_transformer_tiny")
+    with torch.no_grad():
+        for p in model.encoder.depth.connection.parameters():
+            p.normal_()
+    state = model.state_dict()
+    old = {key.replace(".depth.connection.averages.", ".layers.")
+           .replace(".weight", ".depth_average.weight") if ".averages." in key else key: value
+           for key, value in state.items()}
+    assert "encoder.layers.1.depth_average.weight" in old
+    fresh, _, _ = build_translation_model("dwa_transformer_tiny", seed=4)
+    fresh.load_state_dict(old)  # fairseq's load: upgrade, then strict
+    for key, value in state.items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("arch", ["hyper_connections_transformer_tiny", "mudd_transformer_tiny"])
+def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch):
+    ckpt = train(scan_bin, arch, updates=10)
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
+                  "--required-batch-size-multiple", "1", "--max-len-b", "20")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 200

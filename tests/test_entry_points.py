@@ -383,7 +383,7 @@ def test_each_method_logs_its_own_weights_in_training_only():
     from fairseq.logging import metrics
     from helpers import build_translation_model, random_batch
 
-    for arch, expect in (("dwa_transformer_tiny", "depth_average"),
+    for arch, expect in (("dwa_transformer_tiny", "depth_connection_averages"),
                          ("transparent_transformer_tiny", "bridge"),
                          ("fusion_transformer_tiny", "fuse_attn")):
         model, task, _ = build_translation_model(arch, ["--log-layer-weights"])
@@ -397,8 +397,8 @@ def test_each_method_logs_its_own_weights_in_training_only():
             logged = {k: v for k, v in agg.get_smoothed_values().items() if k.startswith("lw_")}
         assert logged and all(expect in k for k in logged), (arch, list(logged))
         if arch == "dwa_transformer_tiny":  # the alphas themselves
-            alphas = model.encoder.layers[1].depth_average.weight.tolist()
-            assert [logged[f"lw_encoder_layers_1_depth_average_s{j}"] for j in range(3)] == \
+            alphas = model.encoder.depth.connection.averages["1"].weight.tolist()
+            assert [logged[f"lw_encoder_depth_connection_averages_1_s{j}"] for j in range(3)] == \
                 pytest.approx(alphas, abs=1e-5)
         if arch == "transparent_transformer_tiny":  # each decoder layer's weights sum to 1
             for i in range(2):

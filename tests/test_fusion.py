@@ -151,8 +151,10 @@ def test_layerwise_transformer_without_features_is_fairseq_transformer():
 
 def test_layer_called_outside_stack_is_a_clear_error():
     model, _, _ = build_translation_model("fusion_transformer_tiny")
-    with pytest.raises(RuntimeError, match="outside its stack's forward"):
-        model.encoder.layers[0](torch.zeros(3, 2, 64), None)
+    with pytest.raises(TypeError, match="call the encoder/decoder"):
+        model.encoder.layers[0](torch.zeros(3, 2, 64), model.encoder.depth, None)
+    with pytest.raises(TypeError, match="call the encoder/decoder"):
+        model.decoder.layers[0](torch.zeros(3, 2, 64), model.decoder.depth)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3, 6])

@@ -34,6 +34,8 @@ SEQ2SEQ = {
     "decoder_values": ("decoder_values_transformer_tiny", SIZES),
     "dwa": ("dwa_transformer_tiny", SIZES + ["--dwa-dilation", "2"]),
     "transparent": ("transparent_transformer_tiny", SIZES),
+    "hyper_connections": ("hyper_connections_transformer_tiny", SIZES),
+    "mudd": ("mudd_transformer_tiny", SIZES),
 }
 LM_SIZES = ["--embed-dim", "30", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]  # head dim 15: the padded path where it runs

@@ -124,10 +124,12 @@ class LayerAnalysis:
         if fused:
             model.record_fusion_weights(True)
         try:
-            with UpdateRecorder(model.encoder.layers) as enc_updates:
+            with UpdateRecorder(model.encoder.layers,
+                                getattr(model.encoder, "depth", None)) as enc_updates:
                 encoder_out = model.encoder(src, src_lengths=net["src_lengths"],
                                             return_all_hiddens=True)
-            with UpdateRecorder(model.decoder.layers) as dec_updates:
+            with UpdateRecorder(model.decoder.layers,
+                                getattr(model.decoder, "depth", None)) as dec_updates:
                 logits, extra = model.decoder(prev, encoder_out=encoder_out)
         finally:
             attention.remove()
@@ -275,11 +277,10 @@ def layer_weights(model) -> Dict:
             out["bridge"] = {"kind": "fc", "first_encoder_state": bridge.first_layer_index,
                              "block_norms": block_norms(bridge.weight.detach()).tolist()}
     for side in ("encoder", "decoder"):
-        stack = getattr(model, side, None)
-        averages = {str(i + 1): {"states": list(layer.depth_average.inputs),
-                                 "weights": layer.depth_average.weight.tolist()}
-                    for i, layer in enumerate(getattr(stack, "layers", []))
-                    if getattr(layer, "depth_average", None) is not None}
+        connection = getattr(getattr(getattr(model, side, None), "depth", None), "connection", None)
+        averages = {str(int(i) + 1): {"states": list(average.inputs),
+                                      "weights": average.weight.tolist()}
+                    for i, average in getattr(connection, "averages", {}).items()}
         if averages:
             out.setdefault("depth_averages", {})[side] = averages
     # the depth connections of the stacks that run the interface (the language models): every

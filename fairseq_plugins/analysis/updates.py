@@ -63,7 +63,11 @@ class UpdateRecorder:
 
     def _hook_layer(self, i: int, layer: nn.Module):
         def layer_pre(module, args, kwargs):
-            self.inputs[i] = args[0] if args else kwargs["x"]
+            x = args[0] if args else kwargs["x"]
+            if not isinstance(x, Tensor):
+                raise TypeError(f"layer {i} runs on its stack's depth-connection state: pass the "
+                                "stack's depth (UpdateRecorder(stack.layers, stack.depth))")
+            self.inputs[i] = x
 
         def layer_post(module, args, kwargs, output):
             self.outputs[i] = output[0] if isinstance(output, tuple) else output
@@ -81,9 +85,6 @@ class UpdateRecorder:
                 if module is not None:
                     self.handles.append(module.register_forward_hook(
                         self._post_norm(i, f"{label} LayerNorm")))
-        average = getattr(layer, "depth_average", None)
-        if average is not None:
-            self._hook_average(i, average)
 
     def _hook_average(self, i: int, average: nn.Module):
         """A depth-weighted average after layer i: its change of the layer's output."""

@@ -11,12 +11,12 @@ stack into :class:`FusionOptions`. Two kinds (``--fusion-kind``):
   (:mod:`fairseq_plugins.depth.dwa`); see docs/ideas/dwa.md.
 """
 from dataclasses import dataclass
-from typing import FrozenSet, Optional, Tuple
+from typing import FrozenSet, Optional
 
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from .dwa import dwa_inputs, has_dwa
+from .dwa import has_dwa
 from ..config import parse_layer_indices
 
 KINDS = ("attention", "dwa")
@@ -64,25 +64,6 @@ class FusionOptions:
     heads: Optional[int]
     include_embedding: bool
     dilation: int = 1
-
-    def records_input_of(self, index: int) -> bool:
-        """Layer ``index`` records its input for the layers above it. attention: every layer's
-        input is a lower layer's output (the first layer's is h_0, recorded only when it is
-        fused); dwa: the averages combine the layers' own outputs, so only h_0 is an input
-        recorded."""
-        if self.kind == "dwa":
-            return index == 0
-        return index > 0 or self.include_embedding
-
-    def records_output_of(self, index: int) -> bool:
-        """dwa: every layer records its own output x_s (before its average)."""
-        return self.kind == "dwa"
-
-    def depth_average_of(self, index: int) -> Optional[Tuple[int, ...]]:
-        """dwa: the states the average after layer ``index`` combines (None: no average)."""
-        if self.kind != "dwa" or index not in self.layers:
-            return None
-        return dwa_inputs(index + 1, self.dilation)
 
 
 def new_attention(args) -> bool:

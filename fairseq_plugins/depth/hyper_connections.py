@@ -189,7 +189,8 @@ class HyperConnections(Connection):
             read = (alpha[..., 0].unsqueeze(-1) * stream).sum(-2)
         return Inputs(read), (alpha[..., 1:], beta)
 
-    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
+              post_norm=None):
         mixing, beta = token  # A_r (... x n x n, [r, s]: stream r into stream s), B (... x n)
         stream = state.stream
         if mixing.dim() == 2:

@@ -122,9 +122,14 @@ class Connection(nn.Module):
         """The inputs of ``sublayer`` of ``block`` and a token for :meth:`write`."""
         return Inputs(state.stream), None
 
-    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
-        """Add ``out`` (T x B x C, the sub-layer's output after its dropout) to the stream."""
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
+              post_norm: Optional[nn.Module] = None):
+        """Add ``out`` (T x B x C, the sub-layer's output after its dropout) to the stream; in a
+        post-norm stack, ``post_norm`` (the sub-layer's LayerNorm) then normalises the stream
+        (fairseq's ``LN(x + f(x))``). Only connections without ``needs_pre_norm`` receive one."""
         state.stream = state.stream + out
+        if post_norm is not None:
+            state.stream = post_norm(state.stream)
 
     def end_block(self, state: StackState, block: int):
         """After ``block``: keep its output where the history is kept."""
@@ -186,8 +191,11 @@ class Depth(nn.Module):
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         return self.connection.read(state, block, sublayer)
 
-    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any):
-        self.connection.write(state, block, sublayer, out, token)
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
+              post_norm: Optional[nn.Module] = None):
+        if post_norm is not None and self.connection.needs_pre_norm:
+            raise RuntimeError(f"{type(self.connection).__name__} runs in pre-norm stacks only")
+        self.connection.write(state, block, sublayer, out, token, post_norm)
 
     def end_block(self, state: StackState, block: int):
         self.connection.end_block(state, block)
@@ -225,13 +233,26 @@ class Depth(nn.Module):
 
 
 def run_blocks(depth: Depth, blocks: Sequence[nn.Module], x: Tensor,
-               block_args: Callable[[int], Dict[str, Any]] = lambda i: {}) -> Tensor:
+               block_args: Callable[[int], Dict[str, Any]] = lambda i: {},
+               states: Optional[List[Tensor]] = None,
+               returns: Optional[List[Any]] = None) -> Tensor:
     """The stack's loop: x (T x B x C, the embedding output) through ``blocks`` (each called as
-    ``block(state, depth, **block_args(i))``) -> what the stack hands on (T x B x C)."""
+    ``block(state, depth, **block_args(i))``) -> what the stack hands on (T x B x C).
+
+    ``states``: a list that receives x and every block's output view (T x B x C each; fairseq's
+    ``encoder_states`` / ``inner_states``); ``returns``: a list that receives what every block
+    returned (e.g. its attention weights)."""
     state = depth.start(x)
+    if states is not None:
+        states.append(x)
     for i, block in enumerate(blocks):
         depth.block_states(depth.view(state), i, "input")
-        block(state, depth, **block_args(i))
+        returned = block(state, depth, **block_args(i))
         depth.end_block(state, i)
-        depth.block_states(depth.view(state), i, "output")
+        view = depth.view(state)
+        depth.block_states(view, i, "output")
+        if states is not None:
+            states.append(view)
+        if returns is not None:
+            returns.append(returned)
     return depth.finish(state)

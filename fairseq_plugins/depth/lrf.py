@@ -5,45 +5,12 @@ below it, ``[h_0, h_1, ..., h_{l-1}]`` (``h_0`` = the embedding output). The att
 the depth axis, never over time, so it is causal by construction and incremental decoding needs no
 cache: step t only needs step t's own lower-layer outputs.
 """
-from contextlib import contextmanager
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from fairseq.modules import MultiheadAttention
-
-
-class LayerHistory:
-    """The per-token outputs of one stack's layers during one forward pass.
-
-    Shared (as a plain attribute, not a sub-module) by the stack and its layers. The stack opens
-    :meth:`recording` around its layer loop; each layer that records (its ``LayerOptions``)
-    :meth:`append` s its input (the previous layer's output, or the embedding output for the
-    first layer) before it runs. So when the layer with 0-based index i fuses, ``states`` is
-    ``[h_0, ..., h_i]``: the embedding output and every lower layer's output, its own input being
-    the newest entry (the paper's layer l = i + 1 attends over l vectors). The list is dropped
-    when the pass ends so no activations outlive it.
-    """
-
-    def __init__(self):
-        self.states: Optional[List[Tensor]] = None
-
-    @contextmanager
-    def recording(self):
-        self.states = []
-        try:
-            yield self
-        finally:
-            self.states = None
-
-    def append(self, x: Tensor):
-        if self.states is None:
-            raise RuntimeError(
-                "a fusion layer ran outside its stack's forward(): call the encoder/decoder, "
-                "not the layer, so that the outputs of the layers below are recorded"
-            )
-        self.states.append(x)
 
 
 class FuseAttention(nn.Module):

@@ -1,14 +1,18 @@
 """Transformer layers with an explicit sub-layer order, for the layer-relationship features.
 
-Encoder layer: self-attn -> fuse-attn -> FFN (-> DWA). Decoder layer: self-attn -> cross-attn ->
-fuse-attn -> FFN (-> DWA). The fuse-attention (LRF) is present only in the layers that fuse, the
-depth-weighted average (DenseFormer) only after the layers that have one; the decoder layer's
+Encoder layer: self-attn -> fuse-attn -> FFN. Decoder layer: self-attn -> cross-attn -> fuse-attn
+-> FFN. The fuse-attention (LRF) is present only in the layers that fuse; the decoder layer's
 cross-attention reads a memory of its own when the model has an encoder-decoder bridge. Each layer
 is built with its own :class:`LayerOptions` (its index in the stack and its resolved settings).
-Every sub-layer is ``x + dropout(f(x))`` with its LayerNorm before (``normalize_before``) or
-after, exactly like fairseq's own sub-layers, whose modules and parameter names these layers
-keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
-``fuse_attn_layer_norm``.
+
+The layers run through their stack's depth connection (:mod:`fairseq_plugins.depth.interface`):
+``layer(state, depth, ...)``, every sub-layer reading its input from the connection and writing
+``dropout(f(LN(x)))`` back (pre-norm, ``normalize_before``) or writing ``dropout(f(x))`` with its
+LayerNorm as the post-norm the connection applies to the stream, ``LN(x + dropout(f(x)))``:
+with the plain residual, exactly fairseq's own sub-layers, whose modules and parameter names these
+layers keep (``self_attn``, ``encoder_attn``, ``fc1`` ...); the new ones are ``fuse_attn`` and
+``fuse_attn_layer_norm``. What lies between the layers (DWA's averages, Hyper-Connections'
+streams) belongs to the connection, not to a layer.
 
 fairseq's layers run their sub-layers inside one ``forward`` with no hook between attention and
 FFN, so these subclasses override ``forward`` to spell the order out, reusing the parent's
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import (
@@ -30,35 +34,28 @@ from fairseq.modules.transformer_layer import (
 
 from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
-from ..depth.dwa import DepthWeightedAverage
-from ..depth.lrf import FuseAttention, LayerHistory
+from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
+from ..depth.lrf import FuseAttention
 
 
 @dataclass(frozen=True)
 class LayerOptions:
     """What one layer needs to know about itself: its 0-based ``index`` in the stack, the heads
-    of its fuse-attention (None: the layer does not fuse), whether it records its input (for the
-    fusing layers above it) and its output (for the depth-weighted averages), the states its
-    depth-weighted average combines (None: no average after it), and its cross-attention kind
-    (decoder only). ``fusion_first_state``: the state h_j its fuse-attention attends first
-    (0: the embedding output; 1 without it)."""
+    of its fuse-attention (None: the layer does not fuse) and its cross-attention kind (decoder
+    only). ``fusion_first_state``: the state h_j its fuse-attention attends first (0: the
+    embedding output; 1 without it)."""
     index: int
     fusion_heads: Optional[int] = None
     fusion_first_state: int = 0
-    records_input: bool = False
     cross_attention: str = STANDARD
-    records_output: bool = False
-    depth_average: Optional[Tuple[int, ...]] = None
 
 
-class _FusionSublayers:
-    """Fuse-attention, FFN and depth-weighted average, shared by the encoder and decoder
-    layers."""
+class _DepthSublayers:
+    """Running a sub-layer through the depth connection, the fuse-attention and the FFN: shared
+    by the encoder and decoder layers."""
 
-    def _init_fusion(self, cfg, embed_dim, options: LayerOptions,
-                     history: Optional[LayerHistory]):
+    def _init_fusion(self, cfg, embed_dim, options: LayerOptions):
         self.options = options
-        self.history = history  # plain attribute: shared with the stack, not a sub-module
         if options.fusion_heads is not None:
             self.fuse_attn = FuseAttention(embed_dim, options.fusion_heads,
                                            dropout=cfg.attention_dropout,
@@ -67,77 +64,68 @@ class _FusionSublayers:
         else:
             self.fuse_attn = None
             self.fuse_attn_layer_norm = None
-        self.depth_average = (DepthWeightedAverage(options.depth_average)
-                              if options.depth_average is not None else None)
 
-    def _record_input(self, x: Tensor):
-        if self.options.records_input:
-            self.history.append(x)
+    @staticmethod
+    def layout(fuses: bool, cross: bool = False) -> Tuple[str, ...]:
+        """A layer's sub-layers in order (the depth connection's layout)."""
+        return (SELF,) + ((CROSS,) if cross else ()) + ((FUSE,) if fuses else ()) + (FFN,)
 
-    def _fusion_block(self, x: Tensor) -> Tensor:
-        if self.fuse_attn is None:
-            return x
-        residual = x
-        if self.normalize_before:
-            x = self.fuse_attn_layer_norm(x)
-        x, _ = self.fuse_attn(x, self.history.states)
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.fuse_attn_layer_norm(x)
-        return x
+    @staticmethod
+    def _check_called_by_stack(state):
+        if not isinstance(state, StackState):
+            raise TypeError("a layerwise layer runs on its stack's state (StackState), not on a "
+                            f"{type(state).__name__}: call the encoder/decoder, whose depth "
+                            "connection runs the layers")
 
-    def _output(self, x: Tensor) -> Tensor:
-        """The layer's output: its block output x_s, or the depth-weighted average after it
-        (which the next layer receives as its input)."""
-        if self.options.records_output:
-            self.history.append(x)
-        if self.depth_average is None:
-            return x
-        return self.depth_average(self.history.states)
+    def _sublayer(self, state: StackState, depth: Depth, name: str, norm: nn.Module, f):
+        """x -> f(LN(x)) (pre-norm) or f(x) (post-norm), its dropout written back through the
+        connection; returns what ``f`` returned besides its output (e.g. attention weights)."""
+        inputs, token = depth.read(state, self.options.index, name)
+        x = norm(inputs.query) if self.normalize_before else inputs.query
+        out, extra = f(x)
+        depth.write(state, self.options.index, name, self.dropout_module(out), token,
+                    post_norm=None if self.normalize_before else norm)
+        return extra
 
-    def _ffn_block(self, x: Tensor) -> Tensor:
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
+    def _fuse(self, state: StackState, depth: Depth):
+        if self.fuse_attn is not None:
+            states = depth.fused_states(state, self.options.index)
+            self._sublayer(state, depth, FUSE, self.fuse_attn_layer_norm,
+                           lambda x: self.fuse_attn(x, states))
+
+    def _ffn(self, x: Tensor) -> Tuple[Tensor, None]:
         x = self.activation_fn(self.fc1(x))
         x = self.activation_dropout_module(x)
-        x = self.fc2(x)
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
-        return x
+        return self.fc2(x), None
 
 
-class LayerwiseEncoderLayer(_FusionSublayers, TransformerEncoderLayerBase):
-    """Encoder layer: self-attn -> fuse-attn -> FFN. Input/output T x B x C."""
+class LayerwiseEncoderLayer(_DepthSublayers, TransformerEncoderLayerBase):
+    """Encoder layer: self-attn -> fuse-attn -> FFN, on the stack's state (T x B x C per
+    stream)."""
 
-    def __init__(self, cfg, options: LayerOptions, history: Optional[LayerHistory]):
+    def __init__(self, cfg, options: LayerOptions):
         super().__init__(cfg)
-        self._init_fusion(cfg, self.embed_dim, options, history)
+        self._init_fusion(cfg, self.embed_dim, options)
 
-    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
-        self._record_input(x)
+    def forward(self, state: StackState, depth: Depth, encoder_padding_mask: Optional[Tensor],
+                attn_mask: Optional[Tensor] = None):
+        """Runs the layer on ``state``; returns nothing."""
+        self._check_called_by_stack(state)
         if attn_mask is not None:
             # as fairseq: a large negative number, not -inf, so padded query rows stay finite
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool),
-                                              -1e8 if x.dtype == torch.float32 else -1e4)
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
-                              need_weights=False, attn_mask=attn_mask)
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x = self._fusion_block(x)
-        return self._output(self._ffn_block(x))
+                                              -1e8 if state.stream.dtype == torch.float32
+                                              else -1e4)
+        self._sublayer(state, depth, SELF, self.self_attn_layer_norm,
+                       lambda x: self.self_attn(query=x, key=x, value=x,
+                                                key_padding_mask=encoder_padding_mask,
+                                                need_weights=False, attn_mask=attn_mask))
+        self._fuse(state, depth)
+        self._sublayer(state, depth, FFN, self.final_layer_norm, self._ffn)
 
 
-class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
-    """Decoder layer: self-attn -> cross-attn -> fuse-attn -> FFN. Input/output T x B x C.
+class LayerwiseDecoderLayer(_DepthSublayers, TransformerDecoderLayerBase):
+    """Decoder layer: self-attn -> cross-attn -> fuse-attn -> FFN, on the stack's state.
 
     Incremental decoding uses fairseq's caches for self- and cross-attention; the fuse-attention
     needs none (it attends over the current step's lower-layer outputs only).
@@ -152,12 +140,11 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
     receive the target padding mask.
     """
 
-    def __init__(self, cfg, options: LayerOptions, history: Optional[LayerHistory],
-                 no_encoder_attn: bool = False):
+    def __init__(self, cfg, options: LayerOptions, no_encoder_attn: bool = False):
         # read by build_encoder_attention, which the parent's __init__ calls
         self.cross_attention_kind = options.cross_attention
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        self._init_fusion(cfg, self.embed_dim, options, history)
+        self._init_fusion(cfg, self.embed_dim, options)
 
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention_kind == STANDARD:
@@ -166,53 +153,38 @@ class LayerwiseDecoderLayer(_FusionSublayers, TransformerDecoderLayerBase):
 
     def forward(
         self,
-        x,
+        state: StackState,
+        depth: Depth,
         encoder_out: Optional[Tensor] = None,
         encoder_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        prev_self_attn_state: Optional[List[Tensor]] = None,
-        prev_attn_state: Optional[List[Tensor]] = None,
         self_attn_mask: Optional[Tensor] = None,
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
-    ):
-        if prev_self_attn_state is not None or prev_attn_state is not None:
-            raise NotImplementedError("LayerwiseDecoderLayer does not take prev_*_attn_state")
+    ) -> Optional[Tensor]:
+        """Runs the layer on ``state``; returns the cross-attention weights where asked for."""
+        self._check_called_by_stack(state)
         if need_head_weights:
             need_attn = True
-        self._record_input(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask,
-                              incremental_state=incremental_state, need_weights=False,
-                              attn_mask=self_attn_mask)
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
+        self._sublayer(state, depth, SELF, self.self_attn_layer_norm,
+                       lambda x: self.self_attn(query=x, key=x, value=x,
+                                                key_padding_mask=self_attn_padding_mask,
+                                                incremental_state=incremental_state,
+                                                need_weights=False, attn_mask=self_attn_mask))
         attn = None
         if encoder_out is not None and encoder_out.dim() == 4:  # the bridge's memories
             encoder_out = encoder_out[:, :, self.options.index]
         if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
             extra = ({"query_padding_mask": self_attn_padding_mask}
                      if isinstance(self.encoder_attn, CausalCrossAttention) else {})
-            x, attn = self.encoder_attn(
-                query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state, static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights, **extra,
-            )
-            x = self.dropout_module(x)
-            x = self.residual_connection(x, residual)
-            if not self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-
-        x = self._fusion_block(x)
-        return self._output(self._ffn_block(x)), attn, None
+            attn = self._sublayer(
+                state, depth, CROSS, self.encoder_attn_layer_norm,
+                lambda x: self.encoder_attn(
+                    query=x, key=encoder_out, value=encoder_out,
+                    key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
+                    static_kv=True, need_weights=need_attn or (not self.training and self.need_attn),
+                    need_head_weights=need_head_weights, **extra))
+        self._fuse(state, depth)
+        self._sublayer(state, depth, FFN, self.final_layer_norm, self._ffn)
+        return attn

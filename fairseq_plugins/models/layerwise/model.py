@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from ... import config, weight_logging
+from ... import config, depth, weight_logging
 from ...modules.causal_cross_attention import CausalCrossAttention
 from ...registry import register_model
 from . import bridge, options
@@ -63,6 +63,8 @@ class LayerwiseTransformerModel(weight_logging.LogsLayerWeights, TransformerMode
         args = config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
                                  layerwise_base_architecture, complete=complete)
         model = super().build_model(args, task)
+        depth.weight_decay.exclude(args, [p for m in model.modules() if isinstance(m, depth.Depth)
+                                          for p in m.connection_parameters()])
         check_finetune_source(model, args)
         if args.log_layer_weights:
             model.start_logging_layer_weights(args.arch)

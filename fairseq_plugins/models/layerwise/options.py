@@ -17,8 +17,9 @@ from typing import Optional, Tuple
 from fairseq.models.transformer import TransformerConfig
 
 from ... import config, weight_logging
+from ... import depth
 from ...modules.layerwise_layers import LayerOptions
-from ...depth import fusion
+from ...depth import fusion, mudd, value_residual
 from . import bridge, cross_attention, marian
 
 FEATURES = (fusion, bridge, cross_attention, marian)
@@ -28,10 +29,11 @@ FairseqTransformerOptions = config.flat_dataclass("FairseqTransformerOptions", T
 
 
 @dataclass
-class LayerwiseTransformerConfig(*(feature.CONFIG for feature in reversed(FEATURES)),
+class LayerwiseTransformerConfig(*reversed(depth.CONFIGS),
+                                 *(feature.CONFIG for feature in reversed(FEATURES)),
                                  weight_logging.WeightLoggingConfig, FairseqTransformerOptions):
-    """Every option of ``layerwise_transformer``: fairseq's transformer's, each feature's, and
-    the values it reads from the rest of the configuration."""
+    """Every option of ``layerwise_transformer``: fairseq's transformer's, each feature's, the
+    depth connections' and the values it reads from the rest of the configuration."""
     finetune_from_model: Optional[str] = config.from_config(
         "checkpoint.finetune_from_model", "checked against this model at build time")
 
@@ -59,6 +61,8 @@ def add_args(parser):
     """The flags of every feature (fairseq's transformer adds its own)."""
     for feature in FEATURES:
         config.add_flags(parser, feature.CONFIG)
+    for depth_config in depth.CONFIGS:
+        config.add_flags(parser, depth_config)
     config.add_flags(parser, weight_logging.WeightLoggingConfig)
 
 
@@ -71,6 +75,7 @@ def validate(args):
     """The checks that need the whole model's flags (each feature's, and fairseq options none of
     the layerwise layers implements); raise ValueError naming the flag and the allowed values."""
     flags = [flag for feature in FEATURES for flag in feature.active(args)]
+    flags += depth.active_flags(args)
     unsupported = UNSUPPORTED_WITH_LAYERWISE if flags else ()
     if any(feature.new_attention(args) for feature in FEATURES):
         unsupported += UNSUPPORTED_WITH_NEW_ATTENTION
@@ -80,6 +85,20 @@ def validate(args):
                              f"{', '.join(flags)} (the layers those build do not implement it)")
     for feature in FEATURES:
         feature.validate(args)
+    depth.validate(args)
+    # fairseq's MultiheadAttention (these layers' self-attention) takes keys and values from the
+    # passed tensors on its training path but re-projects them from the query on its incremental
+    # path: separate key/value inputs, or values mixed after their projection, would make
+    # training and generation compute different functions
+    why = ("these layers' self-attention is fairseq's MultiheadAttention, which re-projects "
+           "keys and values from the query when decoding incrementally")
+    if value_residual.active(args):
+        raise ValueError(f"--value-residual is not available in layerwise_transformer ({why}); "
+                         "the language models (gpt_baseline_lm, ar_encdec_lm) have it")
+    if mudd.active(args) and (args.mudd_ways or mudd.WAYS[0]) != "r":
+        raise ValueError(f"--mudd-ways {args.mudd_ways or mudd.WAYS[0]} is not available in "
+                         f"layerwise_transformer ({why}): use --mudd-ways r (the residual "
+                         "stream only), or a language model (gpt_baseline_lm, ar_encdec_lm)")
 
 
 def resolve_stack(cfg, side: str) -> StackOptions:
@@ -93,10 +112,8 @@ def resolve_stack(cfg, side: str) -> StackOptions:
             fusion_heads=(stack_fusion.heads if stack_fusion and stack_fusion.kind == "attention"
                           and i in stack_fusion.layers else None),
             fusion_first_state=0 if stack_fusion is None or stack_fusion.include_embedding else 1,
-            records_input=stack_fusion is not None and stack_fusion.records_input_of(i),
-            cross_attention=kinds.get(i, cross_attention.STANDARD),
-            records_output=stack_fusion is not None and stack_fusion.records_output_of(i),
-            depth_average=stack_fusion.depth_average_of(i) if stack_fusion else None)
+            cross_attention=kinds.get(i, cross_attention.STANDARD))
         for i in range(num_layers))
-    layerwise = any(feature.active(cfg, side) for feature in FEATURES)
+    layerwise = (any(feature.active(cfg, side) for feature in FEATURES)
+                 or bool(depth.active_flags(cfg)))
     return StackOptions(layers, stack_fusion, layerwise)

@@ -2,7 +2,7 @@
 defaults (user flags win) on one of fairseq's transformer sizes."""
 from fairseq.models.transformer import base_architecture, tiny_architecture, transformer_iwslt_de_en
 
-from ... import config
+from ... import config, depth
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS
 from ...registry import register_model_architecture
 from .model import MODEL_NAME, layerwise_base_architecture
@@ -48,6 +48,16 @@ register_preset(f"{MODEL_NAME}_tiny", SIZES["_tiny"])
 for _size, _size_fn in SIZES.items():
     register_preset(f"dwa_transformer{_size}", _size_fn, encoder_fusion=True,
                     decoder_fusion=True, fusion_kind="dwa")
+
+# hyper_connections_transformer{,_iwslt_de_en,_tiny}, mudd_transformer{...}: the depth
+# connections in both stacks, which are pre-norm (the methods are defined for pre-norm stacks);
+# MUDD on the residual stream only (see options.validate). Value residual has no preset here:
+# this model's self-attention cannot take it (options.validate says why)
+LAYERWISE_DEPTH = {"hyper_connections": {}, "mudd": {"mudd_ways": "r"}}
+for _name, _extra in LAYERWISE_DEPTH.items():
+    for _size, _size_fn in SIZES.items():
+        register_preset(f"{_name}_transformer{_size}", _size_fn, encoder_normalize_before=True,
+                        decoder_normalize_before=True, **depth.PRESETS[_name], **_extra)
 
 # bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise);
 # transparent_transformer{,_tiny}: transparent attention
