@@ -63,10 +63,13 @@ LM_FIXTURES = {
     "gpt_mudd_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mudd"]),
     "ar_value_residual_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "2", "--value-residual", "learnable"]),
+    # the encoder-decoder bridge over ar_encdec_lm's encoder
+    "ar_transparent_lm": ("ar_encdec_lm_transparent_tiny", LM_SIZES + [
+        "--cross-attention-heads", "2"]),
 }
 # the depth connections' parameters start at the identity (or a constant): moved off it in the
 # fixtures, so that loading them is really checked
-RANDOMISED_LM = ("depth.connection.", "depth.value_residual.")
+RANDOMISED_LM = ("depth.connection.", "depth.value_residual.", "decoder.bridge.")
 
 
 def _save(out, args, model):

@@ -18,7 +18,7 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report == json.loads(proc.stdout)
-    assert report["quick"] and set(report["parts"]) == {"seq2seq", "lm", "scaling"}
+    assert report["quick"] and set(report["parts"]) == {"seq2seq", "lm", "scaling", "depth"}
 
     seq2seq = report["parts"]["seq2seq"]
     assert set(seq2seq["results"]) == {"transformer", "fusion", "fusion_enc", "fusion_dec",
@@ -34,6 +34,13 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     d, layers = seq2seq["config"]["d"], seq2seq["config"]["layers"]
     assert seq2seq["ratios_vs_transformer"]["bridge"]["params_extra"] == layers * layers * d * d
     assert seq2seq["ratios_vs_transformer"]["inverted"]["mac_model_ratio"] == 1.0
+
+    depth = report["parts"]["depth"]  # every method against the plain LM, its MAC share
+    assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "hc_static_n4",
+                                             "hc_dynamic_n4", "mudd", "value_residual"}
+    assert depth["ratios_vs_plain"]["plain"]["mac_share"] == 0
+    assert all(r["mac_share"] > 0 and r["train_time_ratio"] > 0
+               for name, r in depth["ratios_vs_plain"].items() if name != "plain")
 
     lm = report["parts"]["lm"]
     assert set(lm["ratios_vs_gpt_baseline_lm"]) == {"ar_encdec_lm", "ar_encdec_lm_emb_mse"}
@@ -53,8 +60,11 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
         curves["depth"][0]["mac_model_ratio"]["fusion"]
 
     targets = {t["target"]: t for t in report["targets"]}
-    # 16 targets of the first wave + DWA's training time and transparent attention's vs the bridge
-    assert len(targets) == 18 and all(isinstance(t["met"], bool) for t in targets.values())
+    # 16 targets of the first wave + DWA's training time and transparent attention's vs the
+    # bridge + the four of the depth connections (HC, value residual, MUDD, DWA in the LM)
+    assert len(targets) == 22 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert all(f"{row}: training time / the plain LM's" in targets
+               for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa"))
     assert targets["transparent: training time / FC bridge's"]["required"] == "<= 1.0"
     assert targets["swapped: training time / transformer's"]["required"] == "<= 2.0"
     table = md.read_text()

@@ -1,9 +1,11 @@
 import pytest
 import torch
 from conftest import run_cli, train
-from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, assert_starts_as,
-                     build_translation_model, calls_in_one_beam_search, incremental_decode,
-                     random_batch)
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one,
+                     assert_lm_beam_search_scores_equal_full_forward,
+                     assert_lm_incremental_equals_full_forward, assert_starts_as,
+                     build_language_model, build_translation_model, calls_in_one_beam_search,
+                     incremental_decode, random_batch)
 
 from fairseq_plugins.modules.layer_bridge import LayerBridge
 
@@ -187,3 +189,93 @@ def test_plot_bridge_heatmap(tmp_path):
     proc = subprocess.run([sys.executable, f"{SCRIPTS}/plot_bridge.py", str(tmp_path / "plain.pt"),
                            "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
     assert proc.returncode == 2 and "has no bridge" in proc.stderr
+
+
+# -- the bridge over ar_encdec_lm's encoder ---------------------------------------------------------
+LM_BRIDGES = {"fc": ["--bridge", "fc"],
+              "fc_random_h0": ["--bridge", "fc", "--bridge-init", "random",
+                               "--bridge-include-embedding"],
+              "fc_gca_hc": ["--bridge", "fc", "--bridge-init", "gca", "--hyper-connections",
+                            "dynamic"],
+              "transparent": ["--bridge", "transparent"],
+              "transparent_dwa": ["--bridge", "transparent", "--encoder-fusion",
+                                  "--fusion-kind", "dwa"]}
+
+
+def _ar_lm(extra=(), seed=0):
+    return build_language_model("ar_encdec_lm_tiny", ["--tokens-per-sample", 16, *extra],
+                                seed=seed)
+
+
+def _lm_tokens(bsz=3, length=12, seed=0):
+    return torch.randint(4, 24, (bsz, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_lm_bridge_original_init_is_the_model_without_a_bridge():
+    plain, _, _ = _ar_lm()
+    bridged, _, _ = _ar_lm(LM_BRIDGES["fc"], seed=1)
+    assert set(bridged.state_dict()) - set(plain.state_dict()) == {"decoder.bridge.weight"}
+    torch.nn.Module.load_state_dict(bridged, {**bridged.state_dict(), **plain.state_dict()})
+    plain, bridged = plain.double().eval(), bridged.double().eval()
+    tokens = _lm_tokens()
+    with torch.no_grad():
+        expected = plain(tokens)[0]
+        # each block's memory projected by its own GEMM instead of one for all: 1e-15 in float64
+        assert (bridged(tokens)[0] - expected).abs().max().item() < 1e-14
+        # the bridge is really in the path (not a constant: the memory LayerNorm removes that)
+        bridged.decoder.bridge.weight.add_(0.05 * torch.randn_like(bridged.decoder.bridge.weight))
+        assert (bridged(tokens)[0] - expected).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(LM_BRIDGES))
+def test_lm_bridge_incremental_equals_full_forward_and_beam_scores(name):
+    model, task, _ = _ar_lm(LM_BRIDGES[name], seed=2)
+    model.double()
+    with torch.no_grad():
+        for p in model.decoder.bridge.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    assert_lm_incremental_equals_full_forward(model, _lm_tokens())
+    assert_lm_beam_search_scores_equal_full_forward(model, task, _lm_tokens(bsz=2, length=3))
+
+
+def test_lm_bridge_reads_every_encoder_block_causally():
+    """Changing a later token changes no memory of an earlier position (the bridge is per
+    position), whatever the bridge's weights."""
+    model, _, _ = _ar_lm(LM_BRIDGES["fc_random_h0"], seed=3)
+    model.eval()
+    tokens = _lm_tokens(bsz=1)
+    changed = tokens.clone()
+    changed[0, 7] = 4 if tokens[0, 7] != 4 else 5
+    with torch.no_grad():
+        a, b = model(tokens)[0], model(changed)[0]
+    assert torch.equal(a[:, :7], b[:, :7]) and not torch.equal(a[:, 7:], b[:, 7:])
+
+
+def test_lm_bridge_build_time_errors():
+    with pytest.raises(ValueError, match="--bridge-init applies to --bridge fc"):
+        _ar_lm(["--bridge", "transparent", "--bridge-init", "gca"])
+    with pytest.raises(ValueError, match="add --bridge fc"):
+        _ar_lm(["--bridge-init", "gca"])
+    with pytest.raises(SystemExit):  # gpt_baseline_lm has no encoder, and no --bridge
+        build_language_model("gpt_baseline_lm_tiny", ["--bridge", "fc"])
+
+
+def test_lm_bridge_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path):
+    save = tmp_path / "ckpt"
+    run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+            "--arch", "ar_encdec_lm_bridge_tiny", "--bridge-init", "gca", "--tokens-per-sample",
+            "32", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3",
+            "--batch-size", "8", "--max-update", "10", "--save-dir", save,
+            "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1")
+    ckpt = save / "checkpoint_last.pt"
+    args = torch.load(ckpt, weights_only=False)["cfg"]["model"]
+    assert args["bridge"] == "fc" and args["bridge_init"] == "gca"
+    out = run_cli("fairseq-eval-lm", lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
+    assert "Perplexity:" in out
+    out = run_cli("fairseq-generate", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                  "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
+                  "--batch-size", "4", "--max-len-b", "10", "--prefix-size", "3", "--beam", "3",
+                  "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
+                  "--skip-invalid-size-inputs-valid-test")
+    assert sum(line.startswith("H-") for line in out.splitlines()) >= 4

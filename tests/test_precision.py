@@ -52,6 +52,8 @@ LMS = {
     "ar_encdec_lm_dwa_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--encoder-fusion",
         "--fusion-kind", "dwa"]),
+    "ar_encdec_lm_transparent": ("ar_encdec_lm_transparent_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy"]),
     "ar_encdec_lm_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--decoder-fusion"]),
 }

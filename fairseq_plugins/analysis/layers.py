@@ -266,7 +266,9 @@ def _matrix(values, row_side, col_side, rows, cols) -> List[List[Optional[float]
 def layer_weights(model) -> Dict:
     """What the model's parameters say about how its layers are combined (JSON-ready)."""
     out = {}
-    bridge = getattr(getattr(model, "encoder", None), "bridge", None)
+    # the seq2seq model's encoder holds it; ar_encdec_lm's decoder (one module for both stacks)
+    bridge = (getattr(getattr(model, "encoder", None), "bridge", None)
+              or getattr(getattr(model, "decoder", None), "bridge", None))
     if bridge is not None:
         if hasattr(bridge, "combination_weights"):
             out["bridge"] = {"kind": "transparent", "first_encoder_state": 0,

@@ -29,6 +29,7 @@ from .. import depth
 from ..criterions import embedding_loss_contract
 from ..depth.interface import run_blocks
 from .causal_lm_base import CausalLM, CausalLMConfig, CausalLMDecoder, build_stack, lm_sizes
+from .layerwise import bridge
 
 MODEL_NAME = "ar_encdec_lm"
 POS_SUBTRACTION = ("none", "yes_no_ln", "yes_ln")
@@ -36,9 +37,10 @@ REFERENCE_CROSS_HEADS = 10  # the reference configuration's cross-attention head
 
 
 @dataclass
-class ArEncDecLMConfig(CausalLMConfig):
+class ArEncDecLMConfig(bridge.CONFIG, CausalLMConfig):
     """The options of ``ar_encdec_lm`` (flags ``--cross-attention-heads`` ...; hydra
-    ``model.cross_attention_heads`` ...), beside those both language models share."""
+    ``model.cross_attention_heads`` ...), beside those both language models share, and the
+    encoder-decoder bridge's (``--bridge``: as in ``layerwise_transformer``)."""
     cross_attention_heads: Optional[int] = option(
         None, "heads of the decoder's causal cross-attention", minimum=1, metavar="H",
         default_text=f"the --arch's; ar_encdec_lm: {REFERENCE_CROSS_HEADS}")
@@ -75,6 +77,11 @@ class ArEncDecDecoder(CausalLMDecoder):
         self.depth, self.layers = build_stack(
             args, "decoder", CrossDecoderBlock, args.attention_heads, args.cross_attention_heads,
             ffn, order=args.decoder_block_order)
+        # --bridge: decoder block i cross-attends to its own combination M_i of the encoder's
+        # states (per position: causal, as the encoder is)
+        self.bridge = (bridge.build_sized(bridge.resolve(args), d, len(self.encoder_layers),
+                                          len(self.layers))
+                       if bridge.enabled(args) else None)
         self.pos_embed_subtraction = args.pos_embed_subtraction
         self.pos_subtraction_layer_norm = (layer_norm(d, bias)
                                            if args.pos_embed_subtraction == "yes_ln" else None)
@@ -90,7 +97,9 @@ class ArEncDecDecoder(CausalLMDecoder):
         embedded = self.embed(prev_output_tokens, positions)  # B x T x C
         x = self.dropout(embedded).transpose(0, 1)
         step = {"incremental_state": incremental_state}
-        encoder_out = run_blocks(self.encoder_depth, self.encoder_layers, x, lambda i: step)
+        states = [] if self.bridge is not None else None
+        encoder_out = run_blocks(self.encoder_depth, self.encoder_layers, x, lambda i: step,
+                                 states=states)
         x = encoder_out  # T x B x C, raw (no final LayerNorm)
 
         if self.decoder_input_layer_norm is not None:
@@ -101,7 +110,11 @@ class ArEncDecDecoder(CausalLMDecoder):
             x = x + next_positions
         projection = built_once_per_search(self, incremental_state, "memory_projection",
                                            lambda: memory_projection(self.layers))
-        memories = project_memories(self.layers, encoder_out, projection)
+        if self.bridge is None:
+            memories = project_memories(self.layers, encoder_out, projection)
+        else:  # h_N as the decoder reads it: the stack's output
+            bridged = self.bridge(bridge.bridge_inputs(self.bridge, states[:-1] + [encoder_out]))
+            memories = project_memories(self.layers, list(bridged.unbind(0)), projection)
         x = run_blocks(self.depth, self.layers, x,
                        lambda i: {"memory_kv": memories[i], **step})
         x = self.head(x, positions)
@@ -143,6 +156,8 @@ class ArEncDecLM(CausalLM):
 
     @classmethod
     def validate(cls, args):
+        bridge.validate(args)
+        bridge.record_init(args)
         if args.embed_dim % args.cross_attention_heads:
             raise ValueError(f"--cross-attention-heads={args.cross_attention_heads} must divide "
                              f"--embed-dim={args.embed_dim}")
@@ -171,3 +186,6 @@ _preset("ar_encdec_lm_tiny", embed_dim=32, layers=2, heads=4, cross_heads=4)
 # the depth connections at the tiny size: ar_encdec_lm_<method>_tiny (fairseq_plugins.depth)
 for _name, _options in depth.PRESETS.items():
     _preset(f"ar_encdec_lm_{_name}_tiny", 32, 2, 4, 4, _options)
+# the encoder-decoder bridges over its encoder: ar_encdec_lm_{bridge,transparent}_tiny
+_preset("ar_encdec_lm_bridge_tiny", 32, 2, 4, 4, {"bridge": "fc"})
+_preset("ar_encdec_lm_transparent_tiny", 32, 2, 4, 4, {"bridge": "transparent"})

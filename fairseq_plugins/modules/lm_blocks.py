@@ -7,7 +7,7 @@ autoregressive encoder-decoder's causally masked cross-attention). With an incre
 each call takes the new positions only and the keys/values of earlier positions come from the
 cache, so one generation step costs O(context), not a re-run.
 """
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -306,12 +306,14 @@ def memory_projection(blocks) -> Dict[str, Optional[Tensor]]:
             "bias": torch.cat(biases) if biases[0] is not None else None}
 
 
-def project_memories(blocks, encoder_out: Tensor,
+def project_memories(blocks, encoder_out: Union[Tensor, Sequence[Tensor]],
                      projection: Optional[Dict[str, Optional[Tensor]]] = None
                      ) -> List[Tuple[Tensor, Tensor]]:
     """Cross-attention keys and values of every block over LN_i(encoder_out) (T x B x C) ->
     one (k, v) pair of B x H x T x hp tensors per block. ``projection``: a
     :func:`memory_projection` of these blocks built earlier (incremental decoding keeps one).
+    ``encoder_out`` a sequence: block i's own memory (an encoder-decoder bridge's M_i, T x B x C
+    each), normalised and projected by block i's slice of the projection.
 
     All the blocks' memory LayerNorms read the same tensor, so they share its normalisation
     x_hat = (x - mean) / std and differ only in their affine parts, which fold into the k/v
@@ -320,6 +322,13 @@ def project_memories(blocks, encoder_out: Tensor,
     projecting each LN_i(encoder_out) (tested, values and gradients)."""
     projection = memory_projection(blocks) if projection is None else projection
     norm = blocks[0].memory_layer_norm
+    if not isinstance(encoder_out, Tensor):
+        weights = projection["weight"].chunk(len(blocks))
+        biases = (projection["bias"].chunk(len(blocks)) if projection["bias"] is not None
+                  else [None] * len(blocks))
+        return [b.encoder_attn.split_heads(F.linear(
+                    F.layer_norm(memory, norm.normalized_shape, eps=norm.eps), weight, bias))
+                for b, memory, weight, bias in zip(blocks, encoder_out, weights, biases)]
     normalized = F.layer_norm(encoder_out, norm.normalized_shape, eps=norm.eps)
     y = F.linear(normalized, projection["weight"], projection["bias"])
     size = y.size(-1) // len(blocks)

@@ -46,9 +46,13 @@ def mac_share(flags, embed_dim, layers, context):
 
     model, _, _ = build_language_model("gpt_baseline_lm", sizes(embed_dim, layers, 4) + [
         "--tokens-per-sample", str(context), *flags], make_dict(16, "w"))
-    connection = model.decoder.depth.connection
-    extra = connection.macs(embed_dim)
-    value_residual = model.decoder.depth.value_residual
+    stack = model.decoder.depth
+    extra = stack.connection.macs(embed_dim)
+    for i, block in enumerate(model.decoder.layers):  # LRF: a sub-layer over the history
+        if block.fuse_attn is not None:
+            extra += block.fuse_attn.macs(embed_dim, block.fuse_attn.num_heads,
+                                          i + 1 - stack.fusion_first_state)
+    value_residual = stack.value_residual
     if value_residual is not None:
         extra += value_residual.macs(embed_dim, layers)
     d, ffn = embed_dim, 4 * embed_dim

@@ -112,7 +112,9 @@ def resolve(cfg) -> BridgeOptions:
     if cfg.bridge == "transparent":
         return BridgeOptions("transparent", None, True)
     options = BridgeOptions("fc", cfg.bridge_init, bool(cfg.bridge_include_embedding))
-    if options.init == "gca" and cfg.encoder_layers != cfg.decoder_layers:
+    # (a language model's two stacks have one depth, --layers: no stack flags to compare)
+    if options.init == "gca" and (getattr(cfg, "encoder_layers", None)
+                                  != getattr(cfg, "decoder_layers", None)):
         raise ValueError(f"--bridge-init gca pairs decoder layer j with encoder layer N+1-j and "
                          f"needs --encoder-layers == --decoder-layers (got "
                          f"{cfg.encoder_layers} and {cfg.decoder_layers})")
@@ -123,9 +125,21 @@ def build(cfg):
     """The encoder's bridge: a LayerBridge (fc), a TransparentAttention, or None."""
     if not enabled(cfg):
         return None
-    options = resolve(cfg)
+    return build_sized(resolve(cfg), cfg.encoder.embed_dim, cfg.encoder.layers,
+                       cfg.decoder.layers)
+
+
+def build_sized(options: BridgeOptions, embed_dim: int, encoder_layers: int,
+                decoder_layers: int):
+    """The bridge ``options`` describe from ``encoder_layers`` blocks (and the embedding output,
+    where it is read) to ``decoder_layers`` memories of width ``embed_dim``."""
     if options.kind == "transparent":
-        return TransparentAttention(cfg.encoder.layers + 1, cfg.decoder.layers)
-    return LayerBridge(cfg.encoder.embed_dim, cfg.encoder.layers + options.include_embedding,
-                       cfg.decoder.layers, options.init,
-                       first_layer_index=options.first_layer_index)
+        return TransparentAttention(encoder_layers + 1, decoder_layers)
+    return LayerBridge(embed_dim, encoder_layers + options.include_embedding, decoder_layers,
+                       options.init, first_layer_index=options.first_layer_index)
+
+
+def bridge_inputs(bridge, states):
+    """What the bridge reads from a stack's states [h_0, h_1, ..., h_N] (T x B x C each; h_N as
+    the decoder reads it): h_1 .. h_N, after h_0 where the bridge reads the embedding output."""
+    return states if bridge.first_layer_index == 0 else states[1:]

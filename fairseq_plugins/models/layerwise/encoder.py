@@ -76,13 +76,10 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
         out = run(src_tokens, src_lengths, return_all_hiddens or self.bridge is not None,
                   token_embeddings)
         if self.bridge is not None:
-            states = out["encoder_states"]  # [h_0, h_1, ..., h_N]
-            # the last block is the output as the decoder sees it (after a final LayerNorm, if
+            # [h_0, h_1, ..., h_N], h_N as the decoder sees it (after a final LayerNorm, if
             # any), so that the "original" init is exactly the model without a bridge
-            blocks = states[1:-1] + [out["encoder_out"][0]]
-            if self.bridge.first_layer_index == 0:
-                blocks = [states[0]] + blocks
-            out[bridge.MEMORIES] = [self.bridge(blocks)]
+            states = out["encoder_states"][:-1] + [out["encoder_out"][0]]
+            out[bridge.MEMORIES] = [self.bridge(bridge.bridge_inputs(self.bridge, states))]
             out[bridge.INDEX] = [torch.arange(src_tokens.size(0), device=src_tokens.device)]
             if not return_all_hiddens:
                 out["encoder_states"] = []
