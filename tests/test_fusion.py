@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from helpers import (assert_batch_equals_one_by_one, build_translation_model, incremental_decode,
+from conftest import run_cli, train
+from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one, build_translation_model, incremental_decode,
                      make_dict, random_batch)
 
 
@@ -193,3 +194,123 @@ def test_fuse_attention_equals_multihead_attention_over_depth(depth):
 def test_quant_noise_is_rejected_with_fusion():
     with pytest.raises(ValueError, match="--quant-noise-pq is not supported"):
         build_translation_model("fusion_transformer_tiny", ["--quant-noise-pq", "0.1"])
+
+
+# -- the all-positions reading (--fusion-reading all-positions) ------------------------------------
+ALL_POSITIONS = ["--fusion-reading", "all-positions"]
+
+
+def _naive_all_positions(fuse, query, history, padding=None, causal=False):
+    """Query position t, every head, over the keys (s, j) of every position s (<= t if causal,
+    not padded) of every state j: written out with explicit projections and a loop over t."""
+    a, heads = fuse.attn, fuse.num_heads
+    T, B, C = query.shape
+    hd = C // heads
+    states = torch.stack(history)  # L x S x B x C
+    q = (a.q_proj(query) * a.scaling).view(T, B, heads, hd)
+    k = a.k_proj(states).view(*states.shape[:3], heads, hd)
+    v = a.v_proj(states).view(*states.shape[:3], heads, hd)
+    out = torch.zeros(T, B, heads, hd, dtype=query.dtype)
+    for t in range(T):
+        scores = torch.einsum("bhd,lsbhd->bhls", q[t], k)
+        allowed = torch.ones(B, 1, 1, states.size(1), dtype=torch.bool)
+        if causal:
+            allowed[..., t + 1:] = False
+        if padding is not None:
+            allowed = allowed & ~padding[:, None, None, :]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(scores.flatten(2), -1).view_as(scores)
+        out[t] = torch.einsum("bhls,lsbhd->bhd", p, v)
+    return a.out_proj(out.reshape(T, B, C))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_all_positions_reading_is_attention_over_every_position_of_every_state(causal):
+    from fairseq_plugins.depth.lrf import FuseAttention
+
+    torch.manual_seed(0)
+    fuse = FuseAttention(16, 4, reading="all-positions").double().eval()
+    for p in fuse.parameters():
+        p.data.normal_(0, 0.3)
+    T, B = 5, 3
+    query = torch.randn(T, B, 16, dtype=torch.double)
+    history = [torch.randn(T, B, 16, dtype=torch.double) for _ in range(3)]
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[2, -2:] = True  # a shorter last sequence (right-padded)
+    with torch.no_grad():
+        out, _ = fuse(query, history, key_padding_mask=padding, causal=causal)
+        expected = _naive_all_positions(fuse, query, history, padding, causal)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    # the per-token reading of the same module is another function
+    fuse.reading = "per-token"
+    with torch.no_grad():
+        assert (fuse(query, history)[0] - out).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["fusion_transformer_tiny", "fusion_dec_transformer_tiny"])
+@pytest.mark.parametrize("extra", [[], ["--encoder-normalize-before", "--decoder-normalize-before"]])
+def test_all_positions_incremental_equals_full_forward_and_beam(arch, extra):
+    model, task, _ = build_translation_model(arch, ALL_POSITIONS + extra, seed=2)
+    model.double().eval()
+    assert all(layer.fuse_attn.reading == "all-positions" for layer in model.decoder.layers)
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, tgt_len=9)
+    with torch.no_grad():
+        full, _ = model(src, lengths, prev)
+        torch.testing.assert_close(incremental_decode(model, src, lengths, prev), full,
+                                   rtol=0, atol=1e-6)  # fairseq's float32 positions
+    assert_batch_equals_one_by_one(model.float(), task, src, lengths, beam=3)
+
+
+def test_all_positions_decoder_is_causal_and_encoder_reads_the_whole_source():
+    model, task, _ = build_translation_model("fusion_transformer_tiny", ALL_POSITIONS, seed=2)
+    model.eval()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary, tgt_len=9)
+    changed = prev.clone()
+    changed[:, 6] = (prev[:, 6] + 1 - task.target_dictionary.nspecial) % (
+        len(task.target_dictionary) - task.target_dictionary.nspecial) + \
+        task.target_dictionary.nspecial
+    with torch.no_grad():
+        a, b = model(src, lengths, prev)[0], model(src, lengths, changed)[0]
+        assert torch.equal(a[:, :6], b[:, :6]) and not torch.equal(a[:, 6:], b[:, 6:])
+        # the encoder's last position reaches the first through the fuse-attention too
+        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        src2 = src.clone()
+        src2[:, -2] = src[:, -3]
+        enc2 = model.encoder(src2, src_lengths=lengths)["encoder_out"][0]
+        assert (enc[0] - enc2[0]).abs().max() > 0
+
+
+def test_all_positions_weights_are_per_state_and_sum_to_one():
+    model, task, _ = build_translation_model("fusion_transformer_tiny", ALL_POSITIONS, seed=2)
+    model.eval()
+    model.record_fusion_weights()
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    with torch.no_grad():
+        expected = model(src, lengths, prev)[0]
+        weights = model.fusion_weights()
+        model.record_fusion_weights(False)  # the explicit path computes the fused path's output
+        torch.testing.assert_close(model(src, lengths, prev)[0], expected)
+    assert sorted(weights["encoder"]) == sorted(weights["decoder"]) == [0, 1]
+    for side in ("encoder", "decoder"):
+        for i, w in weights[side].items():
+            assert w.shape == (3, 2, prev.size(1) if side == "decoder" else src.size(1), i + 1)
+            torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fusion-reading", "all-positions"], "neither --encoder-fusion nor --decoder-fusion"),
+    (["--encoder-fusion", "--fusion-kind", "dwa", "--fusion-reading", "all-positions"],
+     "--fusion-reading applies to --fusion-kind attention"),
+])
+def test_all_positions_build_time_errors(extra, message):
+    with pytest.raises(ValueError, match=message):
+        build_translation_model("layerwise_transformer_tiny", extra)
+
+
+def test_all_positions_train_then_generate_with_only_the_user_dir(scan_bin):
+    ckpt = train(scan_bin, "fusion_transformer_tiny", *ALL_POSITIONS, updates=10,
+                 name="fusion-all-positions")
+    out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
+                  "--required-batch-size-multiple", "1", "--max-len-b", "20")
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 200

@@ -34,6 +34,8 @@ SEQ2SEQ = {
     "decoder_values": ("decoder_values_transformer_tiny", SIZES),
     "dwa": ("dwa_transformer_tiny", SIZES + ["--dwa-dilation", "2"]),
     "transparent": ("transparent_transformer_tiny", SIZES),
+    "fusion_all_positions": ("fusion_transformer_tiny", SIZES + ["--fusion-reading",
+                                                                 "all-positions"]),
     "hyper_connections": ("hyper_connections_transformer_tiny", SIZES),
     "mudd": ("mudd_transformer_tiny", SIZES),
 }

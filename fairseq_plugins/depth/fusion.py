@@ -20,6 +20,8 @@ from .dwa import has_dwa
 from ..config import parse_layer_indices
 
 KINDS = ("attention", "dwa")
+# the two readings of LRF's fuse-attention (docs/ideas/fusion.md); the first is the default
+READINGS = ("per-token", "all-positions")
 DWA_DEFAULTS = {"dwa_dilation": 1, "dwa_period": 1}  # every layer, every state: the paper's 1x1
 
 
@@ -41,6 +43,12 @@ class FusionConfig(FairseqDataclass):
     fusion_kind: Optional[str] = option(
         KINDS[0], "attention: LRF's fuse-attention sub-layer; dwa: DenseFormer's "
                   "depth-weighted average after the layers", choices=KINDS)
+    # stays None unless given, so that giving it with dwa is caught; resolve reads READINGS[0]
+    fusion_reading: Optional[str] = option(
+        None, "with --fusion-kind attention: per-token = each position attends over its own "
+              "outputs of the lower layers (l keys); all-positions = over every position of "
+              "the lower layers' outputs (l x T keys, causal in decoders, cached when decoding "
+              "incrementally)", choices=READINGS, default_text=READINGS[0])
     # the DWA options stay None unless given, so that giving them without --fusion-kind dwa is
     # caught; dwa itself reads DWA_DEFAULTS for the ones not given
     dwa_dilation: Optional[int] = option(
@@ -64,6 +72,7 @@ class FusionOptions:
     heads: Optional[int]
     include_embedding: bool
     dilation: int = 1
+    reading: str = READINGS[0]
 
 
 def new_attention(args) -> bool:
@@ -80,10 +89,10 @@ def active(args, side=None):
 
 
 def validate(args):
-    if not (args.encoder_fusion or args.decoder_fusion) and (args.fusion_layers
-                                                            or args.fusion_heads):
-        raise ValueError("--fusion-layers/--fusion-heads were given but neither "
-                         "--encoder-fusion nor --decoder-fusion is on")
+    if not (args.encoder_fusion or args.decoder_fusion) and (
+            args.fusion_layers or args.fusion_heads or getattr(args, "fusion_reading", None)):
+        raise ValueError("--fusion-layers/--fusion-heads/--fusion-reading were given but "
+                         "neither --encoder-fusion nor --decoder-fusion is on")
     if args.fusion_kind != "dwa":
         if args.dwa_dilation is not None or args.dwa_period is not None:
             raise ValueError(f"--dwa-dilation/--dwa-period were given but --fusion-kind is "
@@ -92,7 +101,7 @@ def validate(args):
     if not (args.encoder_fusion or args.decoder_fusion):
         raise ValueError("--fusion-kind dwa was given but neither --encoder-fusion nor "
                          "--decoder-fusion is on")
-    for name in ("fusion_heads", "fusion_layers"):
+    for name in ("fusion_heads", "fusion_layers", "fusion_reading"):
         if getattr(args, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to --fusion-kind attention; "
                              "with dwa, --dwa-period and --dwa-dilation choose the averages")
@@ -131,7 +140,8 @@ def resolve(args, side: str, num_layers: int, heads: Optional[int] = None,
         raise ValueError(f"--fusion-heads={heads} must divide {dim_flag}={dim}; "
                          f"allowed: {divisors}")
     return FusionOptions("attention", frozenset(layers), heads,
-                         bool(args.fusion_include_embedding))
+                         bool(args.fusion_include_embedding),
+                         reading=getattr(args, "fusion_reading", None) or READINGS[0])
 
 
 def _resolve_dwa(args, side: str, num_layers: int) -> FusionOptions:

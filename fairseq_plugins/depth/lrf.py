@@ -1,16 +1,26 @@
-"""Fuse-attention (LRF, arXiv 2307.10799): attention across depth, per token.
+"""Fuse-attention (LRF; Zheng et al., AAAI 2024, arXiv 2307.10799): attention over the outputs of
+the layers below.
 
-At layer l of a stack, each token's query attends over that same token's outputs of the layers
-below it, ``[h_0, h_1, ..., h_{l-1}]`` (``h_0`` = the embedding output). The attention runs over
-the depth axis, never over time, so it is causal by construction and incremental decoding needs no
-cache: step t only needs step t's own lower-layer outputs.
+At layer l of a stack, the query (the preceding sub-layer's output) attends over the lower layers'
+outputs ``[h_0, h_1, ..., h_{l-1}]`` (``h_0`` = the embedding output). Two readings of the paper
+(``--fusion-reading``, docs/ideas/fusion.md):
+
+- ``per-token`` (default): each position attends over its *own* l lower-layer states. The
+  attention runs over depth, never over time: causal by construction, and incremental decoding
+  needs no cache (step t only needs step t's own lower-layer outputs).
+- ``all-positions``: each position attends over every position of the l lower layers (l x T keys),
+  with the key padding mask, causal in a decoder; incremental decoding caches the projected keys
+  and values of earlier steps (fairseq's attention cache, reordered by beam search).
 """
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from fairseq import utils
 from fairseq.modules import MultiheadAttention
+
+PER_TOKEN, ALL_POSITIONS = "per-token", "all-positions"
 
 
 class FuseAttention(nn.Module):
@@ -37,8 +47,12 @@ class FuseAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                 first_state: int = 0):
+                 first_state: int = 0, reading: str = PER_TOKEN):
         super().__init__()
+        if reading not in (PER_TOKEN, ALL_POSITIONS):
+            raise ValueError(f"--fusion-reading {reading!r}: choose {PER_TOKEN} or "
+                             f"{ALL_POSITIONS}")
+        self.reading = reading
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout,
                                        self_attention=False, encoder_decoder_attention=False)
         self.num_heads = num_heads
@@ -50,15 +64,20 @@ class FuseAttention(nn.Module):
         self.first_state = first_state  # the j of h_j that history[0] is (for the labels)
 
     @staticmethod
-    def macs(embed_dim: int, num_heads: int, depth: int, algorithm: str = "implemented") -> int:
+    def macs(embed_dim: int, num_heads: int, depth: int, algorithm: str = "implemented",
+             positions: int = 1) -> int:
         """Forward multiply-accumulates for one token attending over ``depth`` states.
 
         ``naive``: multi-head attention over the states as the LRF paper describes it (Q and O
         projections 2d^2, K and V of every state 2Ld^2, scores and weighted sum 2Ld).
         ``implemented``: what :meth:`forward` runs, the cheaper of that and the absorbed form
-        (4d^2 + 2HdL; see the class doc)."""
+        (4d^2 + 2HdL; see the class doc). ``positions`` > 1: the all-positions reading, where
+        the token's scores and weighted sum run over ``depth`` x ``positions`` keys (each
+        position's states projected once): 2d^2 + 2Ld^2 + 2L·positions·d, no absorbed form."""
         d = embed_dim
-        naive = 2 * d * d + 2 * depth * d * d + 2 * depth * d
+        naive = 2 * d * d + 2 * depth * d * d + 2 * depth * positions * d
+        if positions > 1:
+            return naive
         if algorithm == "naive":
             return naive
         return min(naive, 4 * d * d + 2 * num_heads * d * depth)
@@ -71,14 +90,24 @@ class FuseAttention(nn.Module):
         d, h = self.attn.embed_dim, self.num_heads
         return 4 * d * d + 2 * h * d * depth < 2 * d * d + 2 * depth * d * d + 2 * depth * d
 
-    def forward(self, query: Tensor, history: List[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, query: Tensor, history: List[Tensor],
+                key_padding_mask: Optional[Tensor] = None, causal: bool = False,
+                incremental_state=None) -> Tuple[Tensor, Optional[Tensor]]:
         """
         Args:
             query: T x B x C, the preceding sub-layer's output.
             history: L tensors of T x B x C, the same tokens' lower-layer outputs.
+            key_padding_mask, causal, incremental_state: read by the all-positions reading
+                only (B x T, True at padding; position t reads positions <= t; fairseq's
+                incremental state, when decoding step by step). Per token they change nothing:
+                a position reads only its own states.
         Returns:
-            T x B x C fused representation, and the weights (B x H x T x L) if kept.
+            T x B x C fused representation, and the weights (B x H x T x L) if kept (for the
+            all-positions reading, each state's weight summed over its positions).
         """
+        if self.reading == ALL_POSITIONS:
+            return self._all_positions(query, history, key_padding_mask, causal,
+                                       incremental_state)
         tgt_len, bsz, dim = query.shape
         flat = query.reshape(tgt_len * bsz, dim)
         logs = self.log_weights and self.training
@@ -94,6 +123,62 @@ class FuseAttention(nn.Module):
             weights = probs.view(tgt_len, bsz, self.num_heads, -1).permute(1, 2, 0, 3).detach()
             self.last_weights = weights
         return out.view(tgt_len, bsz, dim), weights
+
+    def _all_positions(self, query: Tensor, history: List[Tensor],
+                       key_padding_mask: Optional[Tensor], causal: bool, incremental_state):
+        """Attention over every position of every lower state. The keys are in time-major order
+        (key t·L + j: position t of state j), the order in which an incremental cache grows, so
+        that step by step and a full forward attend the same keys under the same masks."""
+        tgt_len, depth = query.size(0), len(history)
+        keys = torch.stack(history, dim=1)  # S x L x B x C
+        src_len = keys.size(0)
+        keys = keys.reshape(src_len * depth, *keys.shape[2:])
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.repeat_interleave(depth, dim=1)
+        attn_mask = None
+        if causal and incremental_state is None:
+            future = utils.fill_with_neg_inf(query.new_zeros(tgt_len, src_len)).triu(1)
+            attn_mask = future.repeat_interleave(depth, dim=1)
+        logs = self.log_weights and self.training
+        want = self.keep_weights or logs
+        if want and incremental_state is None:
+            # fairseq's fused path averages the weights over the heads: spelled out instead
+            out, probs = self._explicit(query, keys, key_padding_mask, attn_mask)
+        else:
+            out, probs = self.attn(query=query, key=keys, value=keys,
+                                   key_padding_mask=key_padding_mask,
+                                   incremental_state=incremental_state, need_weights=want,
+                                   need_head_weights=want, attn_mask=attn_mask)
+        weights = None
+        if want:  # H x B x T x (S·L) -> per state: B x H x T x L
+            per_state = probs.view(*probs.shape[:3], -1, depth).sum(3).detach()
+            if logs:
+                self.mean_weights = per_state.float().mean(dim=(0, 1, 2))
+            if self.keep_weights:
+                weights = per_state.transpose(0, 1)
+                self.last_weights = weights
+        return out, weights
+
+    def _explicit(self, query: Tensor, keys: Tensor, key_padding_mask: Optional[Tensor],
+                  attn_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """The attention of :meth:`_all_positions` written out (when its weights are kept):
+        T x B x C and the weights H x B x T x K."""
+        a, heads, hd = self.attn, self.num_heads, self.head_dim
+        tgt_len, bsz, dim = query.shape
+        q = (a.q_proj(query) * a.scaling).view(tgt_len, bsz * heads, hd).transpose(0, 1)
+        k = a.k_proj(keys).view(-1, bsz * heads, hd).transpose(0, 1)
+        v = a.v_proj(keys).view(-1, bsz * heads, hd).transpose(0, 1)
+        scores = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, -1)
+        if attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype,
+                                                                        torch.float32))
+        probs = probs.type_as(scores)
+        mixed = torch.bmm(a.dropout_module(probs).view(bsz * heads, tgt_len, -1), v)
+        out = a.out_proj(mixed.transpose(0, 1).reshape(tgt_len, bsz, dim))
+        return out, probs.transpose(0, 1)
 
     def logged_weights(self) -> Dict[str, Tensor]:
         """{'s<j>': mean weight on state h_j in the last training call} (empty before one)."""

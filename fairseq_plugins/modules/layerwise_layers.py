@@ -35,7 +35,7 @@ from fairseq.modules.transformer_layer import (
 from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
-from ..depth.lrf import FuseAttention
+from ..depth.lrf import PER_TOKEN, FuseAttention
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,13 @@ class LayerOptions:
     """What one layer needs to know about itself: its 0-based ``index`` in the stack, the heads
     of its fuse-attention (None: the layer does not fuse) and its cross-attention kind (decoder
     only). ``fusion_first_state``: the state h_j its fuse-attention attends first (0: the
-    embedding output; 1 without it)."""
+    embedding output; 1 without it); ``fusion_reading``: per-token or all-positions (see
+    :mod:`fairseq_plugins.depth.lrf`)."""
     index: int
     fusion_heads: Optional[int] = None
     fusion_first_state: int = 0
     cross_attention: str = STANDARD
+    fusion_reading: str = PER_TOKEN
 
 
 class _DepthSublayers:
@@ -59,7 +61,8 @@ class _DepthSublayers:
         if options.fusion_heads is not None:
             self.fuse_attn = FuseAttention(embed_dim, options.fusion_heads,
                                            dropout=cfg.attention_dropout,
-                                           first_state=options.fusion_first_state)
+                                           first_state=options.fusion_first_state,
+                                           reading=options.fusion_reading)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
             self.fuse_attn = None
@@ -87,11 +90,13 @@ class _DepthSublayers:
                     post_norm=None if self.normalize_before else norm)
         return extra
 
-    def _fuse(self, state: StackState, depth: Depth):
+    def _fuse(self, state: StackState, depth: Depth, **where):
+        """``where``: the positions' key padding mask, whether the stack is causal and its
+        incremental state (read by the all-positions reading)."""
         if self.fuse_attn is not None:
             states = depth.fused_states(state, self.options.index)
             self._sublayer(state, depth, FUSE, self.fuse_attn_layer_norm,
-                           lambda x: self.fuse_attn(x, states))
+                           lambda x: self.fuse_attn(x, states, **where))
 
     def _ffn(self, x: Tensor) -> Tuple[Tensor, None]:
         x = self.activation_fn(self.fc1(x))
@@ -120,7 +125,7 @@ class LayerwiseEncoderLayer(_DepthSublayers, TransformerEncoderLayerBase):
                        lambda x: self.self_attn(query=x, key=x, value=x,
                                                 key_padding_mask=encoder_padding_mask,
                                                 need_weights=False, attn_mask=attn_mask))
-        self._fuse(state, depth)
+        self._fuse(state, depth, key_padding_mask=encoder_padding_mask)
         self._sublayer(state, depth, FFN, self.final_layer_norm, self._ffn)
 
 
@@ -185,6 +190,7 @@ class LayerwiseDecoderLayer(_DepthSublayers, TransformerDecoderLayerBase):
                     key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
                     static_kv=True, need_weights=need_attn or (not self.training and self.need_attn),
                     need_head_weights=need_head_weights, **extra))
-        self._fuse(state, depth)
+        self._fuse(state, depth, key_padding_mask=self_attn_padding_mask, causal=True,
+                   incremental_state=incremental_state)
         self._sublayer(state, depth, FFN, self.final_layer_norm, self._ffn)
         return attn

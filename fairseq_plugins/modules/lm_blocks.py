@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
-from ..depth.lrf import FuseAttention
+from ..depth.lrf import PER_TOKEN, FuseAttention
 from . import precision
 
 
@@ -196,7 +196,7 @@ class PreNormBlock(nn.Module):
 
     def __init__(self, embed_dim, heads, ffn_dim, bias, dropout, index: int = 0,
                  separate_kv: bool = False, fusion_heads: Optional[int] = None,
-                 fusion_first_state: int = 0):
+                 fusion_first_state: int = 0, fusion_reading: str = PER_TOKEN):
         super().__init__()
         self.index = index
         self.self_attn_layer_norm = layer_norm(embed_dim, bias)
@@ -208,7 +208,8 @@ class PreNormBlock(nn.Module):
             self.key_layer_norm = self.value_layer_norm = None
         if fusion_heads is not None:
             self.fuse_attn = FuseAttention(embed_dim, fusion_heads, dropout=dropout,
-                                           first_state=fusion_first_state)
+                                           first_state=fusion_first_state,
+                                           reading=fusion_reading)
             self.fuse_attn_layer_norm = layer_norm(embed_dim, bias)
         else:
             self.fuse_attn = self.fuse_attn_layer_norm = None
@@ -231,12 +232,13 @@ class PreNormBlock(nn.Module):
                              value_mix=depth.value_mix(state, self.index))
         depth.write(state, self.index, SELF, self.dropout(out), token)
 
-    def _fuse(self, state: StackState, depth: Depth):
+    def _fuse(self, state: StackState, depth: Depth, incremental_state=None):
         if self.fuse_attn is None:
             return
         inputs, token = depth.read(state, self.index, FUSE)
         out, _ = self.fuse_attn(self.fuse_attn_layer_norm(inputs.query),
-                                depth.fused_states(state, self.index))
+                                depth.fused_states(state, self.index), causal=True,
+                                incremental_state=incremental_state)
         depth.write(state, self.index, FUSE, self.dropout(out), token)
 
     def _ffn(self, state: StackState, depth: Depth):
@@ -246,7 +248,7 @@ class PreNormBlock(nn.Module):
     def forward(self, state: StackState, depth: Depth, incremental_state=None):
         """Runs the block on ``state`` (see :meth:`Depth.read`); returns nothing."""
         self._self(state, depth, incremental_state)
-        self._fuse(state, depth)
+        self._fuse(state, depth, incremental_state)
         self._ffn(state, depth)
 
 
@@ -288,7 +290,7 @@ class CrossDecoderBlock(PreNormBlock):
         else:
             self._cross(state, depth, memory_kv, incremental_state)
             self._self(state, depth, incremental_state)
-        self._fuse(state, depth)
+        self._fuse(state, depth, incremental_state)
         self._ffn(state, depth)
 
 
