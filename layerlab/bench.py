@@ -25,6 +25,9 @@ TARGETS = (
     ("seq2seq", "train_ratio_over_mac_ratio", ("fusion", "fusion_enc", "fusion_dec", "bridge"),
      "<=", 1.15, "{}: training time / (transformer time x MAC-model ratio)"),
     ("seq2seq", "train_time_ratio", ("dwa",), "<=", 1.05, "{}: training time / transformer's"),
+    # LRF's training memory with its fuse-attention recomputed in the backward pass
+    ("seq2seq", "memory_growth_ratio", ("fusion_recompute",), "<=", 1.15,
+     "{}: training peak-memory growth / transformer's"),
     ("seq2seq", "train_time_ratio_vs_bridge", ("transparent",), "<=", 1.0,
      "{}: training time / FC bridge's"),
     ("seq2seq", "generate_speed_ratio", ("fusion", "fusion_enc", "fusion_dec"), ">=", 0.8,

@@ -309,3 +309,19 @@ def test_bad_inputs_are_one_line_naming_the_file_and_nothing_is_written(tmp_path
         named = {"data": [data], "checkpoint": [ckpt], "both": [data, ckpt]}[names]
         assert all(str(path) in lines[-1] for path in named), lines[-1]
         assert not out.exists()
+
+
+def test_the_learned_weights_panel_reads_each_kind_of_layer_weights():
+    from fairseq_plugins.analysis.figure import weights_panel
+
+    dwa = {"depth_averages": {"decoder": {"1": {"states": [0, 1], "weights": [0.2, 0.8]},
+                                          "2": {"states": [0, 1, 2], "weights": [0.1, 0.3, 0.6]}}}}
+    assert weights_panel(dwa) == ("decoder DWA alphas", "matrix",
+                                  [[0.2, 0.8, None], [0.1, 0.3, 0.6]])
+    fuse = {"fuse_attention": {"encoder": {"2": [0.4, 0.6], "3": [0.1, 0.2, 0.7]}}}
+    assert weights_panel(fuse) == ("encoder fuse-attention", "matrix",
+                                   [[0.4, 0.6, None], [0.1, 0.2, 0.7]])
+    hc = {"depth_connections": {"decoder.depth": {"connection.k0_read0": 1.0}}}
+    assert weights_panel(hc) == ("decoder.depth: connection weights", "bars",
+                                 {"connection.k0_read0": 1.0})
+    assert weights_panel({}) is None

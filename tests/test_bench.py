@@ -22,6 +22,7 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     seq2seq = report["parts"]["seq2seq"]
     assert set(seq2seq["results"]) == {"transformer", "fusion", "fusion_enc", "fusion_dec",
+                                       "fusion_recompute",
                                        "bridge", "swapped", "inverted", "decoder_values",
                                        "dwa", "transparent"}
     memory = seq2seq["cross_attention_memory_mb_by_target_length"]
@@ -61,8 +62,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     targets = {t["target"]: t for t in report["targets"]}
     # 16 targets of the first wave + DWA's training time and transparent attention's vs the
-    # bridge + the four of the depth connections (HC, value residual, MUDD, DWA in the LM)
-    assert len(targets) == 22 and all(isinstance(t["met"], bool) for t in targets.values())
+    # bridge + the four of the depth connections (HC, value residual, MUDD, DWA in the LM) +
+    # fusion's memory with --fusion-recompute
+    assert len(targets) == 23 and all(isinstance(t["met"], bool) for t in targets.values())
     assert all(f"{row}: training time / the plain LM's" in targets
                for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa"))
     assert targets["transparent: training time / FC bridge's"]["required"] == "<= 1.0"

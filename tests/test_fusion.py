@@ -314,3 +314,64 @@ def test_all_positions_train_then_generate_with_only_the_user_dir(scan_bin):
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "20")
     assert sum(line.startswith("H-") for line in out.splitlines()) == 200
+
+
+# -- --fusion-recompute -------------------------------------------------------------------------
+def _saved_bytes_and_grads(model, batch, seed=0):
+    """A training forward + backward: bytes autograd kept for the backward pass, the output and
+    every gradient."""
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    model.train()
+    torch.manual_seed(seed)  # the same dropout masks
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(*batch)[0]
+    out.float().pow(2).mean().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    return sum(saved), out.detach(), grads
+
+
+@pytest.mark.parametrize("reading", ["per-token", "all-positions"])
+def test_recompute_gives_the_same_values_and_gradients_and_keeps_less(reading):
+    flags = ["--fusion-reading", reading, "--dropout", "0.1", "--attention-dropout", "0.1",
+             "--encoder-layers", "4", "--decoder-layers", "4"]
+    plain, task, _ = build_translation_model("fusion_transformer_tiny", flags, seed=1)
+    recomputed, _, _ = build_translation_model("fusion_transformer_tiny",
+                                               flags + ["--fusion-recompute"],
+                                               task.source_dictionary, task.target_dictionary)
+    recomputed.load_state_dict(plain.state_dict())
+    assert all(layer.fuse_attn.recompute for layer in recomputed.encoder.layers)
+    batch = random_batch(task.source_dictionary, task.target_dictionary)
+    kept, out, grads = _saved_bytes_and_grads(plain, batch)
+    kept_recomputed, out_r, grads_r = _saved_bytes_and_grads(recomputed, batch)
+    assert torch.equal(out, out_r) and len(grads) == len(grads_r)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_r))
+    assert kept_recomputed < 0.9 * kept, (kept_recomputed, kept)
+
+
+def test_recompute_in_a_language_model_gives_the_same_gradients():
+    from helpers import build_language_model
+    flags = ["--tokens-per-sample", 16, "--decoder-fusion", "--dropout", "0.1"]
+    plain, _, _ = build_language_model("gpt_baseline_lm_tiny", flags, seed=1)
+    recomputed, _, _ = build_language_model("gpt_baseline_lm_tiny",
+                                            flags + ["--fusion-recompute"], seed=2)
+    recomputed.load_state_dict(plain.state_dict())
+    tokens = torch.randint(4, 24, (3, 12), generator=torch.Generator().manual_seed(0))
+    kept, out, grads = _saved_bytes_and_grads(plain, (tokens,))
+    kept_r, out_r, grads_r = _saved_bytes_and_grads(recomputed, (tokens,))
+    assert torch.equal(out, out_r) and all(torch.equal(a, b) for a, b in zip(grads, grads_r))
+    assert kept_r < kept
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fusion-recompute"], "neither --encoder-fusion nor --decoder-fusion"),
+    (["--encoder-fusion", "--fusion-kind", "dwa", "--fusion-recompute"],
+     "--fusion-recompute applies to --fusion-kind attention"),
+])
+def test_recompute_build_time_errors(extra, message):
+    with pytest.raises(ValueError, match=message):
+        build_translation_model("layerwise_transformer_tiny", extra)

@@ -62,6 +62,6 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
     if connection.needs_pre_norm and not pre_norm:
         raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
                          f"post-norm: add {pre_norm_flag}")
-    first_state = 0 if fusion is None or fusion.include_embedding else 1
+    first_state = 0 if fusion is None else fusion.first_state
     return Depth(connection, value_residual.build(args, len(layout)), first_state)
 

@@ -49,6 +49,10 @@ class FusionConfig(FairseqDataclass):
               "outputs of the lower layers (l keys); all-positions = over every position of "
               "the lower layers' outputs (l x T keys, causal in decoders, cached when decoding "
               "incrementally)", choices=READINGS, default_text=READINGS[0])
+    fusion_recompute: Optional[bool] = option(
+        False, "with --fusion-kind attention: keep only the fuse-attention's inputs for the "
+               "backward pass and recompute the rest there (less training memory, one more "
+               "fuse-attention forward per update; measured in docs/ideas/fusion.md)")
     # the DWA options stay None unless given, so that giving them without --fusion-kind dwa is
     # caught; dwa itself reads DWA_DEFAULTS for the ones not given
     dwa_dilation: Optional[int] = option(
@@ -73,6 +77,12 @@ class FusionOptions:
     include_embedding: bool
     dilation: int = 1
     reading: str = READINGS[0]
+    recompute: bool = False
+
+    @property
+    def first_state(self) -> int:
+        """The state h_j a fuse-attention attends first (0: the embedding output)."""
+        return 0 if self.include_embedding else 1
 
 
 def new_attention(args) -> bool:
@@ -90,9 +100,10 @@ def active(args, side=None):
 
 def validate(args):
     if not (args.encoder_fusion or args.decoder_fusion) and (
-            args.fusion_layers or args.fusion_heads or getattr(args, "fusion_reading", None)):
-        raise ValueError("--fusion-layers/--fusion-heads/--fusion-reading were given but "
-                         "neither --encoder-fusion nor --decoder-fusion is on")
+            args.fusion_layers or args.fusion_heads or getattr(args, "fusion_reading", None)
+            or getattr(args, "fusion_recompute", False)):
+        raise ValueError("--fusion-layers/--fusion-heads/--fusion-reading/--fusion-recompute "
+                         "were given but neither --encoder-fusion nor --decoder-fusion is on")
     if args.fusion_kind != "dwa":
         if args.dwa_dilation is not None or args.dwa_period is not None:
             raise ValueError(f"--dwa-dilation/--dwa-period were given but --fusion-kind is "
@@ -101,7 +112,7 @@ def validate(args):
     if not (args.encoder_fusion or args.decoder_fusion):
         raise ValueError("--fusion-kind dwa was given but neither --encoder-fusion nor "
                          "--decoder-fusion is on")
-    for name in ("fusion_heads", "fusion_layers", "fusion_reading"):
+    for name in ("fusion_heads", "fusion_layers", "fusion_reading", "fusion_recompute"):
         if getattr(args, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to --fusion-kind attention; "
                              "with dwa, --dwa-period and --dwa-dilation choose the averages")
@@ -141,7 +152,8 @@ def resolve(args, side: str, num_layers: int, heads: Optional[int] = None,
                          f"allowed: {divisors}")
     return FusionOptions("attention", frozenset(layers), heads,
                          bool(args.fusion_include_embedding),
-                         reading=getattr(args, "fusion_reading", None) or READINGS[0])
+                         reading=getattr(args, "fusion_reading", None) or READINGS[0],
+                         recompute=bool(getattr(args, "fusion_recompute", False)))
 
 
 def _resolve_dwa(args, side: str, num_layers: int) -> FusionOptions:

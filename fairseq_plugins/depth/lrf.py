@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
@@ -47,8 +48,9 @@ class FuseAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                 first_state: int = 0, reading: str = PER_TOKEN):
+                 first_state: int = 0, reading: str = PER_TOKEN, recompute: bool = False):
         super().__init__()
+        self.recompute = recompute
         if reading not in (PER_TOKEN, ALL_POSITIONS):
             raise ValueError(f"--fusion-reading {reading!r}: choose {PER_TOKEN} or "
                              f"{ALL_POSITIONS}")
@@ -62,6 +64,12 @@ class FuseAttention(nn.Module):
         self.log_weights = False
         self.mean_weights: Optional[Tensor] = None
         self.first_state = first_state  # the j of h_j that history[0] is (for the labels)
+
+    @classmethod
+    def from_options(cls, embed_dim: int, fusion, dropout: float) -> "FuseAttention":
+        """The fuse-attention a stack's resolved ``FusionOptions`` describe."""
+        return cls(embed_dim, fusion.heads, dropout=dropout, first_state=fusion.first_state,
+                   reading=fusion.reading, recompute=fusion.recompute)
 
     @staticmethod
     def macs(embed_dim: int, num_heads: int, depth: int, algorithm: str = "implemented",
@@ -104,7 +112,22 @@ class FuseAttention(nn.Module):
         Returns:
             T x B x C fused representation, and the weights (B x H x T x L) if kept (for the
             all-positions reading, each state's weight summed over its positions).
+
+        With ``recompute`` (``--fusion-recompute``), a training forward keeps only its inputs
+        for the backward pass (the query, and the history, which the stack keeps anyway) and
+        recomputes the rest there, dropout masks included (the RNG state is replayed): the
+        same values and gradients, less memory, one more forward of this module per update.
         """
+        if (self.recompute and self.training and torch.is_grad_enabled()
+                and incremental_state is None and not (self.keep_weights or self.log_weights)):
+            out = checkpoint(
+                lambda q, mask, *states: self._forward(q, list(states), mask, causal, None)[0],
+                query, key_padding_mask, *history, use_reentrant=False)
+            return out, None
+        return self._forward(query, history, key_padding_mask, causal, incremental_state)
+
+    def _forward(self, query: Tensor, history: List[Tensor], key_padding_mask: Optional[Tensor],
+                 causal: bool, incremental_state) -> Tuple[Tensor, Optional[Tensor]]:
         if self.reading == ALL_POSITIONS:
             return self._all_positions(query, history, key_padding_mask, causal,
                                        incremental_state)

@@ -103,10 +103,7 @@ def build_stack(args, side: str, block_class, *sizes, **block_options):
     blocks = nn.ModuleList(
         block_class(dim, *sizes, args.bias, args.dropout, index=i,
                     separate_kv=stack_depth.separate_inputs(i),
-                    fusion_heads=stack_fusion.heads if fuses(i) else None,
-                    fusion_first_state=stack_depth.fusion_first_state,
-                    fusion_reading=stack_fusion.reading if fuses(i) else fusion.READINGS[0],
-                    **block_options)
+                    fusion=stack_fusion if fuses(i) else None, **block_options)
         for i in range(num))
     return stack_depth, blocks
 

@@ -35,21 +35,19 @@ from fairseq.modules.transformer_layer import (
 from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
-from ..depth.lrf import PER_TOKEN, FuseAttention
+from ..depth.fusion import FusionOptions
+from ..depth.lrf import FuseAttention
 
 
 @dataclass(frozen=True)
 class LayerOptions:
-    """What one layer needs to know about itself: its 0-based ``index`` in the stack, the heads
-    of its fuse-attention (None: the layer does not fuse) and its cross-attention kind (decoder
-    only). ``fusion_first_state``: the state h_j its fuse-attention attends first (0: the
-    embedding output; 1 without it); ``fusion_reading``: per-token or all-positions (see
-    :mod:`fairseq_plugins.depth.lrf`)."""
+    """What one layer needs to know about itself: its 0-based ``index`` in the stack and its
+    cross-attention kind (decoder
+    only). ``fusion``: the stack's resolved ``FusionOptions`` when this layer has a
+    fuse-attention sub-layer (its heads, first state, reading; None: it does not fuse)."""
     index: int
-    fusion_heads: Optional[int] = None
-    fusion_first_state: int = 0
+    fusion: Optional[FusionOptions] = None
     cross_attention: str = STANDARD
-    fusion_reading: str = PER_TOKEN
 
 
 class _DepthSublayers:
@@ -58,11 +56,9 @@ class _DepthSublayers:
 
     def _init_fusion(self, cfg, embed_dim, options: LayerOptions):
         self.options = options
-        if options.fusion_heads is not None:
-            self.fuse_attn = FuseAttention(embed_dim, options.fusion_heads,
-                                           dropout=cfg.attention_dropout,
-                                           first_state=options.fusion_first_state,
-                                           reading=options.fusion_reading)
+        if options.fusion is not None:
+            self.fuse_attn = FuseAttention.from_options(embed_dim, options.fusion,
+                                                        cfg.attention_dropout)
             self.fuse_attn_layer_norm = LayerNorm(embed_dim, export=cfg.export)
         else:
             self.fuse_attn = None

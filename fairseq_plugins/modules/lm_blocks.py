@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
-from ..depth.lrf import PER_TOKEN, FuseAttention
+from ..depth.fusion import FusionOptions
+from ..depth.lrf import FuseAttention
 from . import precision
 
 
@@ -189,14 +190,14 @@ class PreNormBlock(nn.Module):
     ``index``: the block's 0-based place in its stack; ``separate_kv``: its self-attention
     reads separate key and value inputs (MUDD), each with a LayerNorm of its own
     (``key_layer_norm``, ``value_layer_norm``; initialised like ``self_attn_layer_norm``, so
-    that equal inputs give equal normalised inputs); ``fusion_heads``: the block has LRF's
-    fuse-attention sub-layer after its attention (None: not)."""
+    that equal inputs give equal normalised inputs); ``fusion``: the stack's resolved
+    ``FusionOptions`` when the block has LRF's fuse-attention sub-layer after its attention
+    (None: not)."""
 
     sublayers = (SELF, FFN)
 
     def __init__(self, embed_dim, heads, ffn_dim, bias, dropout, index: int = 0,
-                 separate_kv: bool = False, fusion_heads: Optional[int] = None,
-                 fusion_first_state: int = 0, fusion_reading: str = PER_TOKEN):
+                 separate_kv: bool = False, fusion: Optional[FusionOptions] = None):
         super().__init__()
         self.index = index
         self.self_attn_layer_norm = layer_norm(embed_dim, bias)
@@ -206,10 +207,8 @@ class PreNormBlock(nn.Module):
             self.value_layer_norm = layer_norm(embed_dim, bias)
         else:
             self.key_layer_norm = self.value_layer_norm = None
-        if fusion_heads is not None:
-            self.fuse_attn = FuseAttention(embed_dim, fusion_heads, dropout=dropout,
-                                           first_state=fusion_first_state,
-                                           reading=fusion_reading)
+        if fusion is not None:
+            self.fuse_attn = FuseAttention.from_options(embed_dim, fusion, dropout)
             self.fuse_attn_layer_norm = layer_norm(embed_dim, bias)
         else:
             self.fuse_attn = self.fuse_attn_layer_norm = None

@@ -38,6 +38,9 @@ VARIANTS = {
     "fusion": ("layerwise_transformer", ["--encoder-fusion", "--decoder-fusion"]),
     "fusion_enc": ("layerwise_transformer", ["--encoder-fusion"]),
     "fusion_dec": ("layerwise_transformer", ["--decoder-fusion"]),
+    # the same fusion, its fuse-attention recomputed in the backward pass (--fusion-recompute)
+    "fusion_recompute": ("layerwise_transformer", ["--encoder-fusion", "--decoder-fusion",
+                                                   "--fusion-recompute"]),
     "bridge": ("layerwise_transformer", ["--bridge", "fc"]),
     "dwa": ("layerwise_transformer", ["--encoder-fusion", "--decoder-fusion",
                                       "--fusion-kind", "dwa"]),
@@ -147,7 +150,7 @@ def mac_ratio(variant, cfg, algorithm):
     base = transformer_macs(d, cfg["ffn"], L, L, cfg["src_len"], cfg["tgt_len"], cfg["vocab"])
     extra = 0
     for side, length in (("enc", cfg["src_len"]), ("dec", cfg["tgt_len"])):
-        if variant in ("fusion", f"fusion_{side}"):
+        if variant in ("fusion", f"fusion_{side}", "fusion_recompute"):
             # layer i (0-based) attends over the embedding output and the i layers below it
             extra += length * sum(FuseAttention.macs(d, heads, i + 1, algorithm)
                                   for i in range(L))

@@ -35,7 +35,7 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
                                                 cfg.decoder.embed_dim)
         self.depth = build_depth(
             cfg, "decoder", self.stack_options,
-            [LayerwiseDecoderLayer.layout(layer.fusion_heads is not None, not no_encoder_attn)
+            [LayerwiseDecoderLayer.layout(layer.fusion is not None, not no_encoder_attn)
              for layer in self.stack_options.layers], cfg.decoder.embed_dim)
         if getattr(cfg, "final_logits_bias", False):
             # a buffer: saved and loaded with the model, never trained (as in Marian)

@@ -55,7 +55,7 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
                                                 cfg.encoder.embed_dim)
         self.depth = build_depth(
             cfg, "encoder", self.stack_options,
-            [LayerwiseEncoderLayer.layout(layer.fusion_heads is not None)
+            [LayerwiseEncoderLayer.layout(layer.fusion is not None)
              for layer in self.stack_options.layers], cfg.encoder.embed_dim)
         self.bridge = bridge.build(cfg)
 

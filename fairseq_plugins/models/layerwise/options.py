@@ -109,11 +109,9 @@ def resolve_stack(cfg, side: str) -> StackOptions:
     layers = tuple(
         LayerOptions(
             index=i,
-            fusion_heads=(stack_fusion.heads if stack_fusion and stack_fusion.kind == "attention"
-                          and i in stack_fusion.layers else None),
-            fusion_first_state=0 if stack_fusion is None or stack_fusion.include_embedding else 1,
-            cross_attention=kinds.get(i, cross_attention.STANDARD),
-            fusion_reading=stack_fusion.reading if stack_fusion else fusion.READINGS[0])
+            fusion=(stack_fusion if stack_fusion and stack_fusion.kind == "attention"
+                    and i in stack_fusion.layers else None),
+            cross_attention=kinds.get(i, cross_attention.STANDARD))
         for i in range(num_layers))
     layerwise = (any(feature.active(cfg, side) for feature in FEATURES)
                  or bool(depth.active_flags(cfg)))
