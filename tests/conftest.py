@@ -68,3 +68,27 @@ def train(scan_bin, arch, *extra, updates=20, name=None):
     ckpt = save_dir / "checkpoint_last.pt"
     assert ckpt.exists()
     return ckpt
+
+
+def train_lm(lm_bin, save_dir, arch, *extra, updates=20):
+    """fairseq-train --user-dir a language model on the ``lm_bin`` corpus; returns
+    checkpoint_last.pt."""
+    run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+            "--arch", arch, "--tokens-per-sample", "32", "--sample-break-mode", "none",
+            "--optimizer", "adam", "--lr", "3e-3", "--batch-size", "8", "--max-update", updates,
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1",
+            "--log-format", "simple", "--log-interval", "10", *extra)
+    return save_dir / "checkpoint_last.pt"
+
+
+def assert_lm_evaluates_and_generates(lm_bin, ckpt):
+    """fairseq-eval-lm and fairseq-generate (beam 3, batches of 4) with only --user-dir."""
+    out = run_cli("fairseq-eval-lm", lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                  "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
+    assert "Perplexity:" in out
+    out = run_cli("fairseq-generate", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                  "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
+                  "--batch-size", "4", "--max-len-b", "10", "--prefix-size", "3", "--beam", "3",
+                  "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
+                  "--skip-invalid-size-inputs-valid-test")
+    assert sum(line.startswith("H-") for line in out.splitlines()) >= 4

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import run_cli, train
+from conftest import assert_lm_evaluates_and_generates, run_cli, train, train_lm
 from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one,
                      assert_lm_beam_search_scores_equal_full_forward,
                      assert_lm_incremental_equals_full_forward, assert_starts_as,
@@ -261,21 +261,8 @@ def test_lm_bridge_build_time_errors():
 
 
 def test_lm_bridge_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path):
-    save = tmp_path / "ckpt"
-    run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
-            "--arch", "ar_encdec_lm_bridge_tiny", "--bridge-init", "gca", "--tokens-per-sample",
-            "32", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3",
-            "--batch-size", "8", "--max-update", "10", "--save-dir", save,
-            "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1")
-    ckpt = save / "checkpoint_last.pt"
+    ckpt = train_lm(lm_bin, tmp_path / "ckpt", "ar_encdec_lm_bridge_tiny", "--bridge-init", "gca",
+                    updates=10)
     args = torch.load(ckpt, weights_only=False)["cfg"]["model"]
     assert args["bridge"] == "fc" and args["bridge_init"] == "gca"
-    out = run_cli("fairseq-eval-lm", lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt,
-                  "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
-    assert "Perplexity:" in out
-    out = run_cli("fairseq-generate", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
-                  "language_modeling", "--path", ckpt, "--tokens-per-sample", "32",
-                  "--batch-size", "4", "--max-len-b", "10", "--prefix-size", "3", "--beam", "3",
-                  "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
-                  "--skip-invalid-size-inputs-valid-test")
-    assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
+    assert_lm_evaluates_and_generates(lm_bin, ckpt)

@@ -182,21 +182,15 @@ class HyperConnections(Connection):
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         stream = state.stream
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
-        # A_m^T H: sum over the streams (n) of the stream times its read weight
-        if alpha.dim() == 2:
-            read = torch.einsum("n,...nc->...c", alpha[:, 0], stream)
-        else:
-            read = (alpha[..., 0].unsqueeze(-1) * stream).sum(-2)
-        return Inputs(read), (alpha[..., 1:], beta)
+        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C, or one GEMM
+        # for the static weights): row 0 is the sub-layer's input A_m^T H, rows 1..n the mixed
+        # streams A_r^T H the write adds the output to (both read the same H)
+        both = torch.matmul(alpha.transpose(-1, -2), stream)  # ... x (n+1) x C
+        return Inputs(both[..., 0, :]), (both[..., 1:, :], beta)
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
-        mixing, beta = token  # A_r (... x n x n, [r, s]: stream r into stream s), B (... x n)
-        stream = state.stream
-        if mixing.dim() == 2:
-            mixed = torch.einsum("rs,...rc->...sc", mixing, stream)
-        else:
-            mixed = torch.einsum("...rs,...rc->...sc", mixing, stream)
+        mixed, beta = token  # A_r^T H (... x n x C), B (... x n)
         state.stream = mixed + beta.unsqueeze(-1) * out.unsqueeze(-2)
 
     def finish(self, state: StackState) -> Tensor:

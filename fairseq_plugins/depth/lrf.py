@@ -12,7 +12,7 @@ outputs ``[h_0, h_1, ..., h_{l-1}]`` (``h_0`` = the embedding output). Two readi
   with the key padding mask, causal in a decoder; incremental decoding caches the projected keys
   and values of earlier steps (fairseq's attention cache, reordered by beam search).
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
+
+from .interface import StackState
 
 PER_TOKEN, ALL_POSITIONS = "per-token", "all-positions"
 
@@ -112,22 +114,7 @@ class FuseAttention(nn.Module):
         Returns:
             T x B x C fused representation, and the weights (B x H x T x L) if kept (for the
             all-positions reading, each state's weight summed over its positions).
-
-        With ``recompute`` (``--fusion-recompute``), a training forward keeps only its inputs
-        for the backward pass (the query, and the history, which the stack keeps anyway) and
-        recomputes the rest there, dropout masks included (the RNG state is replayed): the
-        same values and gradients, less memory, one more forward of this module per update.
         """
-        if (self.recompute and self.training and torch.is_grad_enabled()
-                and incremental_state is None and not (self.keep_weights or self.log_weights)):
-            out = checkpoint(
-                lambda q, mask, *states: self._forward(q, list(states), mask, causal, None)[0],
-                query, key_padding_mask, *history, use_reentrant=False)
-            return out, None
-        return self._forward(query, history, key_padding_mask, causal, incremental_state)
-
-    def _forward(self, query: Tensor, history: List[Tensor], key_padding_mask: Optional[Tensor],
-                 causal: bool, incremental_state) -> Tuple[Tensor, Optional[Tensor]]:
         if self.reading == ALL_POSITIONS:
             return self._all_positions(query, history, key_padding_mask, causal,
                                        incremental_state)
@@ -203,6 +190,12 @@ class FuseAttention(nn.Module):
         out = a.out_proj(mixed.transpose(0, 1).reshape(tgt_len, bsz, dim))
         return out, probs.transpose(0, 1)
 
+    def recomputes(self) -> bool:
+        """Whether the sub-layer around this module runs under :func:`run_sublayer`'s
+        recomputation now (``--fusion-recompute``, a training forward that keeps no weights)."""
+        return (self.recompute and self.training and torch.is_grad_enabled()
+                and not (self.keep_weights or self.log_weights))
+
     def logged_weights(self) -> Dict[str, Tensor]:
         """{'s<j>': mean weight on state h_j in the last training call} (empty before one)."""
         if self.mean_weights is None:
@@ -234,3 +227,23 @@ class FuseAttention(nn.Module):
         values = values.transpose(0, 1) + probs.sum(-1, keepdim=True) * a.v_proj.bias.view(
             heads, head_dim)
         return a.out_proj(values.reshape(n, dim)), probs
+
+
+def run_sublayer(fuse: FuseAttention, state: StackState, history: List[Tensor],
+                 sublayer: Callable[[StackState, List[Tensor]], None]):
+    """Runs a block's fuse-attention sub-layer, ``sublayer(state, history)`` (its read, norm,
+    fuse-attention, dropout and write of ``state.stream``). With ``--fusion-recompute`` in
+    training, only its inputs are kept for the backward pass (the stream, and the history,
+    which the stack keeps anyway): everything in between (norms, attention, dropout mask, the
+    residual sum) is recomputed there, dropout included (the RNG state is replayed), so values
+    and gradients are those without it."""
+    if not fuse.recomputes():
+        sublayer(state, history)
+        return
+
+    def pure(stream: Tensor, *states: Tensor) -> Tensor:
+        scratch = StackState(stream, None)
+        sublayer(scratch, list(states))
+        return scratch.stream
+
+    state.stream = checkpoint(pure, state.stream, *history, use_reentrant=False)

@@ -36,7 +36,7 @@ from .causal_cross_attention import CausalCrossAttention
 from .cross_attention import STANDARD, build_cross_attention
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
 from ..depth.fusion import FusionOptions
-from ..depth.lrf import FuseAttention
+from ..depth.lrf import FuseAttention, run_sublayer
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,10 @@ class _DepthSublayers:
         """``where``: the positions' key padding mask, whether the stack is causal and its
         incremental state (read by the all-positions reading)."""
         if self.fuse_attn is not None:
-            states = depth.fused_states(state, self.options.index)
-            self._sublayer(state, depth, FUSE, self.fuse_attn_layer_norm,
-                           lambda x: self.fuse_attn(x, states, **where))
+            run_sublayer(self.fuse_attn, state, depth.fused_states(state, self.options.index),
+                         lambda s, states: self._sublayer(
+                             s, depth, FUSE, self.fuse_attn_layer_norm,
+                             lambda x: self.fuse_attn(x, states, **where)))
 
     def _ffn(self, x: Tensor) -> Tuple[Tensor, None]:
         x = self.activation_fn(self.fc1(x))

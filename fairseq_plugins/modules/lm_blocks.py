@@ -17,7 +17,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
 from ..depth.fusion import FusionOptions
-from ..depth.lrf import FuseAttention
+from ..depth.lrf import FuseAttention, run_sublayer
 from . import precision
 
 
@@ -234,11 +234,14 @@ class PreNormBlock(nn.Module):
     def _fuse(self, state: StackState, depth: Depth, incremental_state=None):
         if self.fuse_attn is None:
             return
-        inputs, token = depth.read(state, self.index, FUSE)
-        out, _ = self.fuse_attn(self.fuse_attn_layer_norm(inputs.query),
-                                depth.fused_states(state, self.index), causal=True,
-                                incremental_state=incremental_state)
-        depth.write(state, self.index, FUSE, self.dropout(out), token)
+
+        def sublayer(state: StackState, states):
+            inputs, token = depth.read(state, self.index, FUSE)
+            out, _ = self.fuse_attn(self.fuse_attn_layer_norm(inputs.query), states,
+                                    causal=True, incremental_state=incremental_state)
+            depth.write(state, self.index, FUSE, self.dropout(out), token)
+
+        run_sublayer(self.fuse_attn, state, depth.fused_states(state, self.index), sublayer)
 
     def _ffn(self, state: StackState, depth: Depth):
         inputs, token = depth.read(state, self.index, FFN)

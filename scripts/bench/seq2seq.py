@@ -225,7 +225,8 @@ def run(args):
         cfg = dict(layers=3, d=256, ffn=1024, heads=4, vocab=8000, src_len=32, tgt_len=32,
                    max_tokens=4096, gen_sentences=64)
         windows = dict(train=7, steps=3, warmup=3, gen=7)
-    variants = args.variants.split(",")
+    # the baseline always: every ratio (memory and parameters too) is against it
+    variants = [BASELINE] + [v for v in args.variants.split(",") if v != BASELINE]
     common_job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                       windows=windows)
     script = os.path.abspath(__file__)
