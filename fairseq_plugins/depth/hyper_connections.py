@@ -182,10 +182,14 @@ class HyperConnections(Connection):
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         stream = state.stream
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
-        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C, or one GEMM
-        # for the static weights): row 0 is the sub-layer's input A_m^T H, rows 1..n the mixed
-        # streams A_r^T H the write adds the output to (both read the same H)
-        both = torch.matmul(alpha.transpose(-1, -2), stream)  # ... x (n+1) x C
+        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C): row 0 is
+        # the sub-layer's input A_m^T H, rows 1..n the mixed streams A_r^T H the write adds the
+        # output to (both read the same H). The static weights are expanded to every position
+        # too: a batch of small products beats one GEMM over the permuted streams (measured on
+        # CPU, forward + backward: ~2x)
+        if alpha.dim() == 2:
+            alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
+        both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
         return Inputs(both[..., 0, :]), (both[..., 1:, :], beta)
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
