@@ -190,7 +190,10 @@ class HyperConnections(Connection):
         if alpha.dim() == 2:
             alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
         both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
-        return Inputs(both[..., 0, :]), (both[..., 1:, :], beta)
+        # split, not two slices: its backward is one concatenation, a slice's a zero-filled
+        # tensor of the whole product per slice
+        read, mixed = both.split([1, self.streams], dim=-2)
+        return Inputs(read.squeeze(-2)), (mixed, beta)
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
