@@ -21,7 +21,7 @@ modules. Options of fairseq's layers that have no place in that order (``--cross
 ``models/layerwise/options.py``).
 """
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
