@@ -36,9 +36,10 @@ not a connection of the stream but of the attention: :class:`Depth` holds it bes
 connection and gives each self-attention its :meth:`Depth.value_mix`.
 
 The state is created per forward pass and passed explicitly; nothing is stored on a module
-between calls. Incremental decoding: every method here works per position (a step reads the
+between calls. Incremental decoding: every connection here works per position (a step reads the
 step's own lower states), so the state needs no cache; the attention caches hold what the
-attention projected from what it read (for value residual, the mixed values).
+attention projected from what it read (for value residual, the mixed values; for LRF's
+all-positions reading, the earlier steps' lower-layer keys and values).
 """
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
