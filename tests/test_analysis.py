@@ -325,3 +325,24 @@ def test_the_learned_weights_panel_reads_each_kind_of_layer_weights():
     assert weights_panel(hc) == ("decoder.depth: connection weights", "bars",
                                  {"connection.k0_read0": 1.0})
     assert weights_panel({}) is None
+
+
+@pytest.mark.parametrize("extra", [[], ["--fusion-reading", "all-positions"]])
+def test_language_model_fuse_attention_weights_are_averaged_per_layer(extra):
+    """ar_encdec_lm with LRF in both stacks: the analysis keeps every fusing block's mean weight
+    per lower state (its own input last), each row a distribution; recording is off again."""
+    model, task, _ = build_language_model(
+        "ar_encdec_lm", LMS["ar_encdec_lm"] + ["--encoder-fusion", "--decoder-fusion", *extra],
+        seed=1)
+    model.eval()
+    tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
+                           generator=torch.Generator().manual_seed(0))
+    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    analysis = LayerAnalysis(model, task.dictionary.pad())
+    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})
+    fused = analysis.result()["layer_weights"]["fuse_attention"]
+    for side in ("encoder", "decoder"):
+        assert sorted(fused[side]) == ["1", "2"]  # blocks 1 and 2 attend h_0.. and h_0, h_1
+        assert [len(fused[side][k]) for k in ("1", "2")] == [1, 2]
+        assert all(abs(sum(row) - 1) < 1e-5 for row in fused[side].values())
+    assert not any(m.keep_weights for m in model.modules() if hasattr(m, "keep_weights"))

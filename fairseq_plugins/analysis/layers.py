@@ -154,8 +154,13 @@ class LayerAnalysis:
 
     def _add_lm(self, net, target):
         decoder = self.model.decoder
-        with UpdateRecorder(decoder.layers, decoder.depth) as updates:
-            logits, _ = self.model(net["src_tokens"])
+        self.model.record_fusion_weights(True)
+        try:
+            with UpdateRecorder(decoder.layers, decoder.depth) as updates:
+                logits, _ = self.model(net["src_tokens"])
+        finally:
+            fusion = self.model.fusion_weights()
+            self.model.record_fusion_weights(False)
         tokens = net["src_tokens"]
         positions = torch.arange(tokens.size(1), device=tokens.device)
         # the first block's input, then every block's output (the stack's views of its state)
@@ -165,6 +170,8 @@ class LayerAnalysis:
         self._logit_lens(dec_states, target,
                          lambda x: decoder.output_layer(decoder.head(x, positions)), logits)
         self._updates("decoder", updates, mask)
+        # both stacks of ar_encdec_lm read the same positions
+        self._fusion(fusion, {side: mask.t() for side in fusion})
         self.sentences += tokens.size(0)
 
     # -- accumulation --------------------------------------------------------------------------

@@ -247,3 +247,34 @@ def run_sublayer(fuse: FuseAttention, state: StackState, history: List[Tensor],
         return scratch.stream
 
     state.stream = checkpoint(pure, state.stream, *history, use_reentrant=False)
+
+
+class RecordsFusionWeights:
+    """A model mixin: keep the fuse-attention weights of its next forward passes for plots and
+    the layer analysis (off by default: no cost). The model names its stacks' blocks in
+    :meth:`fusion_stacks`."""
+
+    def fusion_stacks(self) -> Dict[str, List[nn.Module]]:
+        """{'encoder'|'decoder': the stack's layers/blocks} (those that have one)."""
+        raise NotImplementedError
+
+    def _fuse_modules(self, side: str) -> List[Tuple[int, FuseAttention]]:
+        return [(i, layer.fuse_attn) for i, layer in enumerate(self.fusion_stacks().get(side, []))
+                if getattr(layer, "fuse_attn", None) is not None]
+
+    def record_fusion_weights(self, enabled: bool = True):
+        """Keep fuse-attention weights of the next forward passes (off by default: no cost)."""
+        for side in self.fusion_stacks():
+            for _, module in self._fuse_modules(side):
+                module.keep_weights = enabled
+                module.last_weights = None
+
+    def fusion_weights(self) -> Dict[str, Dict[int, Tensor]]:
+        """Weights of the last forward pass: {'encoder'|'decoder': {layer: B x H x T x L}}.
+
+        L = number of states the layer attended (embedding output first, its own input last).
+        Empty until :meth:`record_fusion_weights` was called before a forward pass.
+        """
+        return {side: {i: m.last_weights for i, m in self._fuse_modules(side)
+                       if m.last_weights is not None}
+                for side in self.fusion_stacks()}

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
 from .. import config, depth, weight_logging
+from ..depth.lrf import RecordsFusionWeights
 from ..config import from_config, option
 from ..depth import fusion
 from ..modules.lm_blocks import layer_norm
@@ -222,7 +223,7 @@ def tied_output_projection(features: Tensor, weight: Tensor) -> Tensor:
     return F.linear(features, weight)
 
 
-class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
+class CausalLM(RecordsFusionWeights, weight_logging.LogsLayerWeights, FairseqLanguageModel):
     """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`. Subclasses name their
     ``decoder_class``, options (``config_class``, registered with the model), ``model_name``
     and ``reference_sizes`` (the sizes of ``--arch model_name``)."""
@@ -274,6 +275,13 @@ class CausalLM(weight_logging.LogsLayerWeights, FairseqLanguageModel):
 
     def reference_parameter_count(self) -> int:
         return self.decoder.reference_parameter_count()
+
+    def fusion_stacks(self):
+        """The stacks whose fuse-attention weights :meth:`record_fusion_weights` keeps."""
+        stacks = {"decoder": self.decoder.layers}
+        if getattr(self.decoder, "encoder_layers", None) is not None:
+            stacks["encoder"] = self.decoder.encoder_layers
+        return stacks
 
     def max_positions(self):
         return self.decoder.max_positions()

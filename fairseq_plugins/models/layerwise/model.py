@@ -5,13 +5,11 @@ parameter names), so checkpoints and results compare directly. Options are check
 :meth:`LayerwiseTransformerModel.build_model`, so a bad combination fails before training
 starts."""
 import os
-from typing import Dict
-
-from torch import Tensor
 
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from ... import config, depth, weight_logging
+from ...depth.lrf import RecordsFusionWeights
 from ...modules.causal_cross_attention import CausalCrossAttention
 from ...registry import register_model
 from . import bridge, options
@@ -48,7 +46,8 @@ def complete(args):
 
 
 @register_model(MODEL_NAME, dataclass=options.LayerwiseTransformerConfig)
-class LayerwiseTransformerModel(weight_logging.LogsLayerWeights, TransformerModel):
+class LayerwiseTransformerModel(RecordsFusionWeights, weight_logging.LogsLayerWeights,
+                                TransformerModel):
     """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
 
     @classmethod
@@ -88,24 +87,6 @@ class LayerwiseTransformerModel(weight_logging.LogsLayerWeights, TransformerMode
             if isinstance(module, CausalCrossAttention):
                 module.set_beam_size(beam_size)
 
-    # -- analysis -------------------------------------------------------------------------
-    def _fuse_modules(self, side: str):
-        layers = getattr(self, side).layers
-        return [(i, l.fuse_attn) for i, l in enumerate(layers) if getattr(l, "fuse_attn", None)]
-
-    def record_fusion_weights(self, enabled: bool = True):
-        """Keep fuse-attention weights of the next forward passes (off by default: no cost)."""
-        for side in ("encoder", "decoder"):
-            for _, module in self._fuse_modules(side):
-                module.keep_weights = enabled
-                module.last_weights = None
-
-    def fusion_weights(self) -> Dict[str, Dict[int, Tensor]]:
-        """Weights of the last forward pass: {'encoder'|'decoder': {layer: B x H x T x L}}.
-
-        L = number of states the layer attended (embedding output first, its own input last).
-        Empty until :meth:`record_fusion_weights` was called before a forward pass.
-        """
-        return {side: {i: m.last_weights for i, m in self._fuse_modules(side)
-                       if m.last_weights is not None}
-                for side in ("encoder", "decoder")}
+    def fusion_stacks(self):
+        """The stacks whose fuse-attention weights :meth:`record_fusion_weights` keeps."""
+        return {"encoder": self.encoder.layers, "decoder": self.decoder.layers}
