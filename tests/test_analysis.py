@@ -325,6 +325,19 @@ def test_the_learned_weights_panel_reads_each_kind_of_layer_weights():
     assert weights_panel(hc) == ("decoder.depth: connection weights", "bars",
                                  {"connection.k0_read0": 1.0})
     assert weights_panel({}) is None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fairseq_plugins.analysis.figure import _layer_weights
+    fig, axes = plt.subplots(1, 4)
+    for ax, weights in zip(axes, (dwa, fuse, hc, {})):  # each kind draws (or says it has none)
+        _layer_weights(ax, weights, "m")
+    assert [ax.get_title() for ax in axes] == ["m: decoder DWA alphas", "m: encoder fuse-attention",
+                                               "m: decoder.depth: connection weights",
+                                               "m: learned layer weights"]
+    assert len(axes[2].patches) == 1 and axes[0].images
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("extra", [[], ["--fusion-reading", "all-positions"]])
