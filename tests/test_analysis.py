@@ -132,16 +132,22 @@ def test_sublayer_updates_reproduce_each_layer_output(family):
                 model.encoder(src, src_lengths=lengths)
 
 
-@pytest.mark.parametrize("arch", sorted(LMS))
-def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch):
-    model, task, _ = build_language_model(arch, LMS[arch], seed=1)
-    model.eval()
+def _analyse_lm(model, task):
+    """The analysis of one batch of 2 x 9 random tokens (next-token targets; ``add`` checks the
+    logit lens against the model's output)."""
     tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
                            generator=torch.Generator().manual_seed(0))
     target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
     analysis = LayerAnalysis(model, task.dictionary.pad())
-    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})  # checks the lens
-    result = analysis.result()
+    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})
+    return analysis.result()
+
+
+@pytest.mark.parametrize("arch", sorted(LMS))
+def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch):
+    model, task, _ = build_language_model(arch, LMS[arch], seed=1)
+    model.eval()
+    result = _analyse_lm(model, task)
     assert result["update_decomposition_max_error"] < 1e-5
     assert len(result["logit_lens"]["accuracy"]) == len(model.decoder.layers) + 1
     assert set(result["updates"]["decoder"]["1"]) >= {"self-attention", "FFN"}
@@ -159,12 +165,7 @@ def test_language_models_with_depth_connections_are_analysed(arch, extra, additi
             if "depth." in name:
                 p.add_(0.1 * torch.randn_like(p))
     model.eval()
-    tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
-                           generator=torch.Generator().manual_seed(0))
-    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-    analysis = LayerAnalysis(model, task.dictionary.pad())
-    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})  # checks the lens
-    result = analysis.result()
+    result = _analyse_lm(model, task)
     # additive connections decompose exactly; stream-mixing ones have nothing to check
     assert result["update_decomposition_max_error"] < 1e-5
     if additive:
@@ -348,12 +349,7 @@ def test_language_model_fuse_attention_weights_are_averaged_per_layer(extra):
         "ar_encdec_lm", LMS["ar_encdec_lm"] + ["--encoder-fusion", "--decoder-fusion", *extra],
         seed=1)
     model.eval()
-    tokens = torch.randint(task.dictionary.nspecial, len(task.dictionary), (2, 9),
-                           generator=torch.Generator().manual_seed(0))
-    target = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-    analysis = LayerAnalysis(model, task.dictionary.pad())
-    analysis.add({"net_input": {"src_tokens": tokens}, "target": target})
-    fused = analysis.result()["layer_weights"]["fuse_attention"]
+    fused = _analyse_lm(model, task)["layer_weights"]["fuse_attention"]
     for side in ("encoder", "decoder"):
         assert sorted(fused[side]) == ["1", "2"]  # blocks 1 and 2 attend h_0.. and h_0, h_1
         assert [len(fused[side][k]) for k in ("1", "2")] == [1, 2]

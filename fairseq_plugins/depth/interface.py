@@ -246,8 +246,9 @@ def run_blocks(depth: Depth, blocks: Sequence[nn.Module], x: Tensor,
     state = depth.start(x)
     if states is not None:
         states.append(x)
+    view = depth.view(state)  # block i's input view is block i-1's output view: computed once
     for i, block in enumerate(blocks):
-        depth.block_states(depth.view(state), i, "input")
+        depth.block_states(view, i, "input")
         returned = block(state, depth, **block_args(i))
         depth.end_block(state, i)
         view = depth.view(state)

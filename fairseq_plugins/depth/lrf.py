@@ -86,9 +86,7 @@ class FuseAttention(nn.Module):
         position's states projected once): 2d^2 + 2Ld^2 + 2L·positions·d, no absorbed form."""
         d = embed_dim
         naive = 2 * d * d + 2 * depth * d * d + 2 * depth * positions * d
-        if positions > 1:
-            return naive
-        if algorithm == "naive":
+        if positions > 1 or algorithm == "naive":
             return naive
         return min(naive, 4 * d * d + 2 * num_heads * d * depth)
 

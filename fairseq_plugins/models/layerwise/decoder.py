@@ -123,8 +123,8 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
             padding_mask = encoder_out["encoder_padding_mask"][0]
         x = self._embed(prev_output_tokens, incremental_state)
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -1:]
-        self_attn_padding_mask = (tokens.eq(self.padding_idx)
-                                  if tokens.eq(self.padding_idx).any() else None)
+        pads = tokens.eq(self.padding_idx)
+        self_attn_padding_mask = pads if pads.any() else None
         self_attn_mask = (self.buffered_future_mask(x)
                           if incremental_state is None and not full_context_alignment else None)
         inner_states: List[Tensor] = []

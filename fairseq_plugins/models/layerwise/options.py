@@ -16,8 +16,7 @@ from typing import Optional, Tuple
 
 from fairseq.models.transformer import TransformerConfig
 
-from ... import config, weight_logging
-from ... import depth
+from ... import config, depth, weight_logging
 from ...modules.layerwise_layers import LayerOptions
 from ...depth import fusion, mudd, value_residual
 from . import bridge, cross_attention, marian
