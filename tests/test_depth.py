@@ -189,6 +189,31 @@ def test_each_stack_gets_its_own_connection_and_the_plain_model_the_residual():
     assert [int(enc.static_alpha[k, :, 0].argmax()) for k in range(4)] == [0, 1, 2, 0]
 
 
+def test_block_views_are_computed_only_while_observed():
+    """Hyper-Connections' view (the streams' mean) costs a reduction per block: run_blocks skips
+    it unless someone observes; an observer gets every block's input and output view."""
+    model, _, _ = _lm("gpt_baseline_lm_tiny", HC["dynamic"])
+    model.eval()
+    depth, calls = model.decoder.depth, []
+    view = depth.connection.view
+    depth.connection.view = lambda state: calls.append(1) or view(state)
+    with torch.no_grad():
+        unobserved = model(_tokens())[0]
+        assert calls == []
+        seen = []
+        handle = depth.observe(lambda x, block, where: seen.append((block, where, x.shape)))
+        observed = model(_tokens())[0]
+        handle.remove()
+        model(_tokens())
+    blocks = len(model.decoder.layers)
+    assert [(b, w) for b, w, _ in seen] == [(b, w) for b in range(blocks)
+                                            for w in ("input", "output")]
+    embed_dim = model.decoder.final_layer_norm.normalized_shape[0]
+    assert all(shape == (12, 3, embed_dim) for _, _, shape in seen)  # T x B x C
+    assert len(calls) == blocks + 1  # once per block boundary, then no more after remove()
+    torch.testing.assert_close(observed, unobserved, rtol=0, atol=0)
+
+
 def test_mudd_builds_separate_key_value_norms_from_the_second_block():
     model, _, _ = _lm("gpt_baseline_lm_tiny", MUDD["mudd"])
     blocks = model.decoder.layers

@@ -53,10 +53,9 @@ class UpdateRecorder:
                                      "update decomposition is not implemented")
             self._hook_layer(i, layer)
         if depth is not None:
-            def block_state(module, args, output):
-                x, block, where = args
+            def block_state(x, block, where):
                 (self.inputs if where == "input" else self.outputs)[block] = x
-            self.handles.append(depth.block_states.register_forward_hook(block_state))
+            self.handles.append(depth.observe(block_state))
             # DWA as the stack's connection: its averages, keyed by block
             for key, average in getattr(depth.connection, "averages", {}).items():
                 self._hook_average(int(key), average)

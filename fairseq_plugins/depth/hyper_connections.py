@@ -160,23 +160,31 @@ class HyperConnections(Connection):
                              f"{self.static_alpha.size(0)}: use --hc-expansion-rate {shape[1]}")
 
     def start(self, x: Tensor) -> StackState:
-        """n copies of the embedding output: T x B x n x C."""
-        return StackState(x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.size(-1)), None)
+        """n copies of the embedding output, kept as one (T x B x 1 x C, standing for
+        T x B x n x C) until the first write: equal streams need neither n per-stream norms nor
+        a product over the streams."""
+        return StackState(x.unsqueeze(-2), None)
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
-        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C): alpha ... x n x (n+1)
+        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C, or T x B x 1 x C for n
+        equal streams): alpha ... x n x (n+1)
         (column 0: A_m, columns 1..n: A_r, rows: streams), beta ... x n; static: n x (n+1) and n,
         dynamic: per position."""
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if self.dynamic:
             dtype, n = stream.dtype, self.streams
+            # both maps as one (n+2) x C weight through F.linear: with a contiguous (out x in)
+            # weight its weight gradient is one wide GEMM (a matmul by the C x (n+2) map
+            # computes a skinny one, ~2x slower on CPU, measured)
+            maps = torch.cat([self.dynamic_alpha[k].t(), self.dynamic_beta[k].unsqueeze(0)])
             normed = F.layer_norm(stream, stream.shape[-1:], self.norm_weight[k].to(dtype),
                                   self.norm_bias[k].to(dtype), eps=1e-5)
-            # both maps in one GEMM (C x (n+2)), one tanh: ... x n x (n+2)
-            maps = torch.cat([self.dynamic_alpha[k], self.dynamic_beta[k].unsqueeze(-1)], dim=-1)
-            dynamic = torch.tanh(normed @ maps.to(dtype))
-            alpha = alpha + self.alpha_scale[k] * dynamic[..., :n + 1]
-            beta = beta + self.beta_scale[k] * dynamic[..., n + 1]
+            dynamic = torch.tanh(F.linear(normed, maps.to(dtype)))
+            # split, not slices: a slice's backward zero-fills a tensor of the whole product
+            dynamic_alpha, dynamic_beta = dynamic.split([n + 1, 1], dim=-1)
+            alpha = torch.addcmul(alpha.to(dtype), self.alpha_scale[k].to(dtype), dynamic_alpha)
+            beta = torch.addcmul(beta.to(dtype), self.beta_scale[k].to(dtype),
+                                 dynamic_beta.squeeze(-1))
         return alpha.to(stream.dtype), beta.to(stream.dtype)
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
@@ -187,9 +195,12 @@ class HyperConnections(Connection):
         # output to (both read the same H). The static weights are expanded to every position
         # too: a batch of small products beats one GEMM over the permuted streams (measured on
         # CPU, forward + backward: ~2x)
-        if alpha.dim() == 2:
-            alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
-        both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
+        if stream.size(-2) == 1:  # n equal streams (before the first write): sum_j alpha_jk x
+            both = alpha.sum(-2).unsqueeze(-1) * stream
+        else:
+            if alpha.dim() == 2:
+                alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
+            both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
         # split, not two slices: its backward is one concatenation, a slice's a zero-filled
         # tensor of the whole product per slice
         read, mixed = both.split([1, self.streams], dim=-2)
@@ -198,10 +209,12 @@ class HyperConnections(Connection):
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
         mixed, beta = token  # A_r^T H (... x n x C), B (... x n)
-        state.stream = mixed + beta.unsqueeze(-1) * out.unsqueeze(-2)
+        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1), out.unsqueeze(-2))
 
     def finish(self, state: StackState) -> Tensor:
-        return state.stream.mean(-2) if self.readout == "mean" else state.stream.sum(-2)
+        stream = state.stream.expand(*state.stream.shape[:-2], self.streams,
+                                     state.stream.size(-1))  # n equal streams before a write
+        return stream.mean(-2) if self.readout == "mean" else stream.sum(-2)
 
     def logged_weights(self) -> Dict[str, Tensor]:
         """The static weights of the first and last sub-layer: A_m (read), B (write) per stream

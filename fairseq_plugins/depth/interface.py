@@ -41,9 +41,11 @@ step's own lower states), so the state needs no cache; the attention caches hold
 attention projected from what it read (for value residual, the mixed values; for LRF's
 all-positions reading, the earlier steps' lower-layer keys and values).
 """
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 SELF, CROSS, FUSE, FFN = "self", "cross", "fuse", "ffn"
 SUBLAYERS = (SELF, CROSS, FUSE, FFN)
@@ -156,15 +158,6 @@ class Connection(nn.Module):
         return 0
 
 
-class BlockStates(nn.Module):
-    """Identity, called with every block's input and output view (T x B x C) by
-    :func:`run_blocks`: a place for forward hooks (the layer analysis) that needs nothing from
-    the blocks. ``forward(x, block, where)``, ``where`` 'input' or 'output'."""
-
-    def forward(self, x: Tensor, block: int, where: str) -> Tensor:
-        return x
-
-
 class Depth(nn.Module):
     """A stack's depth connections: one :class:`Connection` (the stream) and, optionally, value
     residual (the attention's values). Blocks call :meth:`read` / :meth:`write` around each
@@ -180,7 +173,24 @@ class Depth(nn.Module):
         self.connection = connection
         self.value_residual = value_residual
         self.fusion_first_state = fusion_first_state
-        self.block_states = BlockStates()
+        self._observers: Dict[int, Callable[[Tensor, int, str], None]] = OrderedDict()
+
+    def observe(self, fn: Callable[[Tensor, int, str], None]) -> RemovableHandle:
+        """Have :func:`run_blocks` call ``fn(view, block, where)`` with every block's input and
+        output view (T x B x C; ``where`` 'input' or 'output'): the layer analysis. Returns a
+        handle whose ``remove()`` stops it. The views are computed only while someone observes
+        (for n streams each costs a reduction over them)."""
+        handle = RemovableHandle(self._observers)
+        self._observers[handle.id] = fn
+        return handle
+
+    @property
+    def observed(self) -> bool:
+        return bool(self._observers)
+
+    def notify(self, view: Tensor, block: int, where: str):
+        for fn in self._observers.values():
+            fn(view, block, where)
 
     @property
     def layout(self) -> Layout:
@@ -246,13 +256,17 @@ def run_blocks(depth: Depth, blocks: Sequence[nn.Module], x: Tensor,
     state = depth.start(x)
     if states is not None:
         states.append(x)
-    view = depth.view(state)  # block i's input view is block i-1's output view: computed once
+    watched = states is not None or depth.observed
+    # block i's input view is block i-1's output view: computed once, and only when read
+    view = depth.view(state) if watched else None
     for i, block in enumerate(blocks):
-        depth.block_states(view, i, "input")
+        if view is not None:
+            depth.notify(view, i, "input")
         returned = block(state, depth, **block_args(i))
         depth.end_block(state, i)
-        view = depth.view(state)
-        depth.block_states(view, i, "output")
+        if watched:
+            view = depth.view(state)
+            depth.notify(view, i, "output")
         if states is not None:
             states.append(view)
         if returns is not None:
