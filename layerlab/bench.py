@@ -47,6 +47,8 @@ TARGETS = (
      "{}: training time / the plain LM's"),
     ("depth", "train_time_ratio", ("mudd",), "<=", 1.15, "{}: training time / the plain LM's"),
     ("depth", "train_time_ratio", ("dwa",), "<=", 1.05, "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio", ("mhc_n4",), "<=", 1.20, "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio_vs_mhc", ("mhc_lite_n4",), "<=", 1.0, "{}: training time / mHC's"),
 )
 
 

@@ -45,6 +45,7 @@ FIXTURES = {
     # the depth connections in layerwise_transformer (pre-norm presets)
     "hyper_connections_transformer": ("hyper_connections_transformer_tiny", SIZES),
     "mudd_transformer": ("mudd_transformer_tiny", SIZES),
+    "mhc_lite_transformer": ("mhc_lite_transformer_tiny", SIZES),
 }
 # parameters whose initialisation is a constant (the DWA identity, transparent attention's zero
 # logits): drawn at random in the fixture, so that loading them is really checked
@@ -61,6 +62,7 @@ LM_FIXTURES = {
     "gpt_hyper_connections_lm": ("gpt_baseline_lm_tiny", LM_SIZES + [
         "--hyper-connections", "dynamic", "--hc-expansion-rate", "2"]),
     "gpt_mudd_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mudd"]),
+    "gpt_mhc_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mhc", "sinkhorn"]),
     "ar_value_residual_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "2", "--value-residual", "learnable"]),
     # the encoder-decoder bridge over ar_encdec_lm's encoder
@@ -125,7 +127,7 @@ def make(name, arch, flags, out_root):
             for key, p in model.named_parameters():
                 if any(part in key for part in RANDOMISED):
                     p.normal_()
-    if name in ("hyper_connections_transformer", "mudd_transformer"):
+    if name in ("hyper_connections_transformer", "mudd_transformer", "mhc_lite_transformer"):
         torch.manual_seed(5)  # moved off the identity, as the language models' (RANDOMISED_LM)
         with torch.no_grad():
             for key, p in model.named_parameters():

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import SCRIPTS
 
 RUN = os.path.join(SCRIPTS, "bench", "run.py")
@@ -38,7 +40,12 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     depth = report["parts"]["depth"]  # every method against the plain LM, its MAC share
     assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "hc_static_n4",
-                                             "hc_dynamic_n4", "mudd", "value_residual"}
+                                             "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "mudd",
+                                             "value_residual"}
+    lite = depth["ratios_vs_plain"]["mhc_lite_n4"]
+    assert lite["train_time_ratio_vs_mhc"] == pytest.approx(
+        lite["train_time_ratio"] / depth["ratios_vs_plain"]["mhc_n4"]["train_time_ratio"],
+        abs=2e-3)
     assert depth["ratios_vs_plain"]["plain"]["mac_share"] == 0
     assert all(r["mac_share"] > 0 and r["train_time_ratio"] > 0
                for name, r in depth["ratios_vs_plain"].items() if name != "plain")
@@ -63,10 +70,11 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     targets = {t["target"]: t for t in report["targets"]}
     # 16 targets of the first wave + DWA's training time and transparent attention's vs the
     # bridge + the four of the depth connections (HC, value residual, MUDD, DWA in the LM) +
-    # fusion's memory with --fusion-recompute
-    assert len(targets) == 23 and all(isinstance(t["met"], bool) for t in targets.values())
+    # fusion's memory with --fusion-recompute + mHC's time and mHC-lite's against mHC's
+    assert len(targets) == 25 and all(isinstance(t["met"], bool) for t in targets.values())
     assert all(f"{row}: training time / the plain LM's" in targets
-               for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa"))
+               for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa", "mhc_n4"))
+    assert targets["mhc_lite_n4: training time / mHC's"]["required"] == "<= 1.0"
     assert targets["transparent: training time / FC bridge's"]["required"] == "<= 1.0"
     assert targets["swapped: training time / transformer's"]["required"] == "<= 2.0"
     table = md.read_text()

@@ -20,7 +20,8 @@ def test_every_architecture_family_has_a_fixture():
     assert {"fusion_transformer", "bridge_transformer", "fusion_bridge_transformer",
             "opus_mt_de_en", "swapped_transformer", "inverted_transformer",
             "decoder_values_transformer", "ar_encdec_lm", "gpt_baseline_lm",
-            "gpt_hyper_connections_lm", "gpt_mudd_lm", "ar_value_residual_lm"} <= set(NAMES)
+            "gpt_hyper_connections_lm", "gpt_mudd_lm", "ar_value_residual_lm", "gpt_mhc_lm",
+            "mhc_lite_transformer"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -38,6 +38,7 @@ SEQ2SEQ = {
                                                                  "all-positions"]),
     "hyper_connections": ("hyper_connections_transformer_tiny", SIZES),
     "mudd": ("mudd_transformer_tiny", SIZES),
+    "mhc": ("mhc_transformer_tiny", SIZES),
 }
 LM_SIZES = ["--embed-dim", "30", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]  # head dim 15: the padded path where it runs
@@ -51,6 +52,10 @@ LMS = {
         "--criterion", "cross_entropy", "--hyper-connections", "dynamic",
         "--value-residual", "learnable"]),
     "gpt_mudd": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy", "--mudd"]),
+    "gpt_mhc_lite": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy",
+                                                        "--mhc", "lite"]),
+    "ar_encdec_lm_mhc": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--mhc", "sinkhorn"]),
     "ar_encdec_lm_dwa_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--encoder-fusion",
         "--fusion-kind", "dwa"]),

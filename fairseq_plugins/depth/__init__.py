@@ -6,6 +6,7 @@ flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Con
 - :mod:`.lrf`: LRF's fuse-attention sub-layer over the history (Zheng et al. 2023);
 - :mod:`.dwa`: DenseFormer's depth-weighted averages (Pagliardini et al. 2024);
 - :mod:`.hyper_connections`: Hyper-Connections (Zhu et al. 2025);
+- :mod:`.mhc`: manifold-constrained Hyper-Connections and mHC-lite (Xie et al. 2025);
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
 - :mod:`.value_residual`: value residual (Zhou et al. 2024).
 
@@ -15,15 +16,17 @@ into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:
 """
 from typing import List, Optional
 
-from . import hyper_connections, mudd, value_residual, weight_decay
+from . import hyper_connections, mhc, mudd, value_residual, weight_decay
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
 
-METHODS = (hyper_connections, mudd, value_residual)
+METHODS = (hyper_connections, mhc, mudd, value_residual)
+# the methods that own a stack's stream (a Connection each; value residual composes with any)
+STREAMS = (hyper_connections, mhc, mudd)
 CONFIGS = tuple(method.CONFIG for method in METHODS) + (weight_decay.CONFIG,)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
 PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
-FLAGS = {hyper_connections: "--hyper-connections", mudd: "--mudd",
+FLAGS = {hyper_connections: "--hyper-connections", mhc: "--mhc", mudd: "--mudd",
          value_residual: "--value-residual"}
 
 
@@ -51,10 +54,9 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
             chosen.append((flag, DepthWeightedAverages(layout, fusion.layers, fusion.dilation)))
         else:
             chosen.append((flag, Connection(layout, keep_history=True)))
-    if hyper_connections.active(args):
-        chosen.append(("--hyper-connections", hyper_connections.build(args, layout, embed_dim)))
-    if mudd.active(args):
-        chosen.append(("--mudd", mudd.build(args, layout, embed_dim)))
+    for method in STREAMS:
+        if method.active(args):
+            chosen.append((FLAGS[method], method.build(args, layout, embed_dim)))
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(flag for flag, _ in chosen)} both decide what the "
                          f"{side}'s blocks read from the blocks below: choose one")

@@ -87,7 +87,74 @@ def build(args, layout: Layout, embed_dim: int) -> "HyperConnections":
                             readout=args.hc_readout or DEFAULTS["hc_readout"])
 
 
-class HyperConnections(Connection):
+class MultiStream(Connection):
+    """n residual streams per position (T x B x n x C) mixed around every sub-layer by
+    per-sub-layer weights: the machinery Hyper-Connections and its constrained variants share.
+    A subclass gives :meth:`weights`: for sub-layer k and the streams H, ``alpha`` ... x n x (n+1)
+    (column 0: the read weights A_m, columns 1..n: the mixing A_r, rows: streams) and ``beta``
+    ... x n (the write weights); then
+
+        input = A_m^T H,    H' = A_r^T H + beta^T f(LN(input))
+
+    The stack starts from n copies of the embedding output, kept as one (T x B x 1 x C, standing
+    for T x B x n x C) until the first write: equal streams need neither n per-stream norms nor
+    a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams."""
+
+    needs_pre_norm = True
+    additive = False
+
+    def __init__(self, layout: Layout, streams: int, readout: str = "mean"):
+        super().__init__(layout)
+        self.streams, self.readout = streams, readout
+
+    def start(self, x: Tensor) -> StackState:
+        return StackState(x.unsqueeze(-2), None)
+
+    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C, or T x B x 1 x C for n
+        equal streams): alpha ... x n x (n+1), beta ... x n (or n x (n+1) and n when static)."""
+        raise NotImplementedError
+
+    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
+        stream = state.stream
+        alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
+        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C): row 0 is
+        # the sub-layer's input A_m^T H, rows 1..n the mixed streams A_r^T H the write adds the
+        # output to (both read the same H). The static weights are expanded to every position
+        # too: a batch of small products beats one GEMM over the permuted streams (measured on
+        # CPU, forward + backward: ~2x)
+        if stream.size(-2) == 1:  # n equal streams (before the first write): sum_j alpha_jk x
+            both = alpha.sum(-2).unsqueeze(-1) * stream
+        else:
+            if alpha.dim() == 2:
+                alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
+            both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
+        # split, not two slices: its backward is one concatenation, a slice's a zero-filled
+        # tensor of the whole product per slice
+        read, mixed = both.split([1, self.streams], dim=-2)
+        return Inputs(read.squeeze(-2)), (mixed, beta)
+
+    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
+              post_norm=None):
+        mixed, beta = token  # A_r^T H (... x n x C), B (... x n)
+        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1), out.unsqueeze(-2))
+
+    def full_streams(self, state: StackState) -> Tensor:
+        """The streams, T x B x n x C (an expanded view while they are n equal copies)."""
+        return state.stream.expand(*state.stream.shape[:-2], self.streams,
+                                   state.stream.size(-1))
+
+    def finish(self, state: StackState) -> Tensor:
+        stream = self.full_streams(state)
+        return stream.mean(-2) if self.readout == "mean" else stream.sum(-2)
+
+    def stream_macs(self, embed_dim: int) -> int:
+        """Per token and sub-layer: read n C, mix n^2 C, write n C."""
+        n = self.streams
+        return n * embed_dim + n * n * embed_dim + n * embed_dim
+
+
+class HyperConnections(MultiStream):
     """Static or dynamic Hyper-Connections over the sub-layers of ``layout``.
 
     Parameters, stacked over the K sub-layers of the stack: ``static_alpha`` K x n x (n+1)
@@ -96,15 +163,13 @@ class HyperConnections(Connection):
     ``beta_scale`` K."""
 
     name = "hyper_connections"
-    needs_pre_norm = True
-    additive = False
 
     def __init__(self, layout: Layout, embed_dim: int, rate: int, dynamic: bool,
                  readout: str = "mean"):
-        super().__init__(layout)
         if readout not in READOUTS:
             raise ValueError(f"--hc-readout must be one of {READOUTS}, got {readout!r}")
-        self.streams, self.dynamic, self.readout = rate, dynamic, readout
+        super().__init__(layout, rate, readout)
+        self.dynamic = dynamic
         sites, n, d = len(self.sites), rate, embed_dim
         self.static_alpha = nn.Parameter(torch.zeros(sites, n, n + 1))
         self.static_beta = nn.Parameter(torch.ones(sites, n))
@@ -159,12 +224,6 @@ class HyperConnections(Connection):
                              f"{shape[0]} sub-layers; this model {self.streams} over "
                              f"{self.static_alpha.size(0)}: use --hc-expansion-rate {shape[1]}")
 
-    def start(self, x: Tensor) -> StackState:
-        """n copies of the embedding output, kept as one (T x B x 1 x C, standing for
-        T x B x n x C) until the first write: equal streams need neither n per-stream norms nor
-        a product over the streams."""
-        return StackState(x.unsqueeze(-2), None)
-
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C, or T x B x 1 x C for n
         equal streams): alpha ... x n x (n+1)
@@ -187,35 +246,6 @@ class HyperConnections(Connection):
                                  dynamic_beta.squeeze(-1))
         return alpha.to(stream.dtype), beta.to(stream.dtype)
 
-    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
-        stream = state.stream
-        alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
-        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C): row 0 is
-        # the sub-layer's input A_m^T H, rows 1..n the mixed streams A_r^T H the write adds the
-        # output to (both read the same H). The static weights are expanded to every position
-        # too: a batch of small products beats one GEMM over the permuted streams (measured on
-        # CPU, forward + backward: ~2x)
-        if stream.size(-2) == 1:  # n equal streams (before the first write): sum_j alpha_jk x
-            both = alpha.sum(-2).unsqueeze(-1) * stream
-        else:
-            if alpha.dim() == 2:
-                alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
-            both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
-        # split, not two slices: its backward is one concatenation, a slice's a zero-filled
-        # tensor of the whole product per slice
-        read, mixed = both.split([1, self.streams], dim=-2)
-        return Inputs(read.squeeze(-2)), (mixed, beta)
-
-    def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
-              post_norm=None):
-        mixed, beta = token  # A_r^T H (... x n x C), B (... x n)
-        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1), out.unsqueeze(-2))
-
-    def finish(self, state: StackState) -> Tensor:
-        stream = state.stream.expand(*state.stream.shape[:-2], self.streams,
-                                     state.stream.size(-1))  # n equal streams before a write
-        return stream.mean(-2) if self.readout == "mean" else stream.sum(-2)
-
     def logged_weights(self) -> Dict[str, Tensor]:
         """The static weights of the first and last sub-layer: A_m (read), B (write) per stream
         and the trace of A_r over n (how much each stream keeps itself)."""
@@ -233,7 +263,7 @@ class HyperConnections(Connection):
         """Per token: read n C, mix n^2 C, write n C at every sub-layer; dynamic adds the maps
         (n C (n + 2)) and the per-stream norm (~2 n C, counted as n C)."""
         n, d, k = self.streams, embed_dim, len(self.sites)
-        per_site = n * d + n * n * d + n * d
+        per_site = self.stream_macs(d)
         if self.dynamic:
             per_site += n * d * (n + 2) + n * d
         return k * per_site

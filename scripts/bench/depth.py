@@ -30,6 +30,8 @@ METHODS = {
     "lrf": ["--decoder-fusion"],
     "hc_static_n4": ["--hyper-connections", "static"],
     "hc_dynamic_n4": ["--hyper-connections", "dynamic"],
+    "mhc_n4": ["--mhc", "sinkhorn"],
+    "mhc_lite_n4": ["--mhc", "lite"],
     "mudd": ["--mudd"],
     "value_residual": ["--value-residual", "learnable"],
 }
@@ -101,6 +103,10 @@ def run(args):
                 "params_reference_count": memory[name]["params_reference_count"],
                 "mac_share": mac_share(METHODS[name], embed_dim, layers, cfg["context"]),
             }
+        # mHC-lite against mHC (Sinkhorn), both against the plain LM in the same process
+        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = round(
+            train["mhc_lite_n4"]["train_seconds_per_update"]
+            / train["mhc_n4"]["train_seconds_per_update"], 3)
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]

@@ -1,0 +1,379 @@
+"""Manifold-Constrained Hyper-Connections (mHC; Xie et al., DeepSeek, 2025, arXiv 2512.24880) and
+mHC-lite (arXiv 2601.05732): Hyper-Connections whose stream-mixing matrix is doubly stochastic.
+
+Per position the n streams x (n x C). Around sub-layer k (every attention and FFN sub-layer of
+the stack, bottom up), the paper's Eq. 3:
+
+    x' = H_res x + H_post^T f(H_pre x)
+
+with the coefficients (Eq. 7-8) read from the RMS norm of the flattened streams,
+x~ = RMSNorm(vec(x)) (1 x nC: one norm over all n streams together, no gain: a gain would only
+rescale the maps that follow):
+
+    H_pre  = sigmoid(a_pre  x~ phi_pre  + b_pre)          1 x n   (read weights)
+    H_post = 2 sigmoid(a_post x~ phi_post + b_post)       1 x n   (write weights)
+    H_res  = SK(a_res mat(x~ phi_res) + b_res)            n x n   (stream mixing)
+
+a_* scalar gates (0.01), phi_* maps (nC x n, nC x n, nC x n^2) initialised to 0, b_* biases.
+SK (Eq. 9) is Sinkhorn-Knopp on exp(.): ``--mhc-sinkhorn-iterations`` iterations (the paper's
+20), each normalising the columns, then the rows, so the rows sum to 1 to float precision and
+the columns approximately (docs/ideas/mhc.md gives the measured error). mHC-lite
+(``--mhc lite``) replaces SK by an exact parametrisation: H_res = sum_p w_p P_p over the n!
+permutation matrices, w = softmax(a_res x~ phi_res + b_res) (phi_res nC x n!); n <= 4.
+
+This follows the paper's orientation: the mixed stream i is sum_j H_res[i, j] x_j, with the
+rows (the side normalised last) summing to one, so equal streams stay equal exactly. DeepSeek's
+reference kernels normalise rows first and apply the matrix transposed: the same family of
+functions with the roles of rows and columns exchanged.
+
+The coefficients and Sinkhorn always run in float32 (also under --fp16, --bf16, --amp; in
+float64 in a float64 model): in half precision Sinkhorn's row sums drift by ~1e-3.
+
+Initialisation (``--mhc-init``; the paper gives none). ``residual`` (the default) makes the model
+the pre-norm residual stack, to float rounding: the streams start equal; H_pre puts 3/4 on a
+home stream (k mod n, as Hyper-Connections' Eq. 14) and 1/(4(n-1)) on each other (summing to one,
+so the read is the stream; the unequal weights break the streams' symmetry in training); H_post =
+2 sigmoid(0) = 1; H_res = 3/4 on the diagonal, 1/(4(n-1)) elsewhere (doubly stochastic, so equal
+streams stay equal; Sinkhorn leaves it as it is); for mHC-lite, weight 3/4 on the identity
+permutation, the rest shared equally. ``zeros``: every bias 0, as some reproductions do (H_pre =
+1/2 each: the sub-layer reads n/2 times the stream, which its LayerNorm removes up to its eps;
+H_res = 1/n everywhere).
+
+The top of the stack (``--mhc-readout``): ``learned`` (the default) is DeepSeek's readout, a
+per-token sigmoid-weighted sum of the streams, w = sigmoid(a x~ phi + b) (1 x n), starting at
+w = 1/n (the mean: the pre-norm stack exactly; ``zeros``: w = 1/2); ``mean``; ``sum`` (Hyper-Connections' rule).
+"""
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+
+from ..config import option
+from .hyper_connections import MultiStream
+from .interface import Layout, StackState
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("none", "sinkhorn", "lite")
+INITS = ("residual", "zeros")
+READOUTS = ("learned", "mean", "sum")
+RMS_EPS = 1e-6
+HOME = 0.75  # the residual init's weight on the home stream / the diagonal / the identity
+LITE_MAX_STREAMS = 4  # n! permutations: 24 at n = 4
+
+
+@dataclass
+class MHCConfig(FairseqDataclass):
+    """Flags ``--mhc`` ...; hydra ``model.mhc`` ..."""
+    mhc: Optional[str] = option(
+        "none", "manifold-constrained Hyper-Connections (Xie et al. 2025) around every "
+                "sub-layer of every stack: the mixing matrix made doubly stochastic by "
+                "Sinkhorn-Knopp, or exactly as a mixture of permutations (mHC-lite)",
+        choices=KINDS)
+    mhc_expansion_rate: Optional[int] = option(
+        None, "with --mhc: residual streams per position (n; mHC-lite: at most 4)",
+        minimum=2, metavar="N", default_text="4")
+    mhc_sinkhorn_iterations: Optional[int] = option(
+        None, "with --mhc sinkhorn: Sinkhorn-Knopp iterations (columns, then rows)",
+        minimum=1, metavar="N", default_text="20")
+    mhc_init: Optional[str] = option(
+        None, "with --mhc: the biases' initialisation (residual: the model starts as the "
+              "pre-norm residual stack; zeros: all biases 0)", choices=INITS,
+        default_text="residual")
+    mhc_readout: Optional[str] = option(
+        None, "with --mhc: how the streams are reduced at the top of a stack (learned: a "
+              "per-token sigmoid-weighted sum, starting as the mean)", choices=READOUTS,
+        default_text="learned")
+
+
+PRESETS = {"mhc": {"mhc": "sinkhorn"}, "mhc_lite": {"mhc": "lite"}}
+CONFIG = MHCConfig
+DEFAULTS = {"mhc_expansion_rate": 4, "mhc_sinkhorn_iterations": 20, "mhc_init": "residual",
+            "mhc_readout": "learned"}
+
+
+def active(args) -> bool:
+    return (getattr(args, "mhc", None) or "none") != "none"
+
+
+def validate(args):
+    if not active(args):
+        for name in DEFAULTS:
+            if getattr(args, name, None) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} was given but --mhc is none; add "
+                                 "--mhc sinkhorn or lite")
+        return
+    rate = args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"]
+    if rate < 2:
+        raise ValueError(f"--mhc-expansion-rate must be >= 2 (one stream has no mixing to "
+                         f"constrain), got {rate}")
+    if args.mhc == "lite":
+        if rate > LITE_MAX_STREAMS:
+            raise ValueError(f"--mhc lite mixes the n! permutation matrices: "
+                             f"--mhc-expansion-rate must be <= {LITE_MAX_STREAMS}, got {rate} "
+                             "(use --mhc sinkhorn for more streams)")
+        if args.mhc_sinkhorn_iterations is not None:
+            raise ValueError("--mhc-sinkhorn-iterations applies to --mhc sinkhorn; mHC-lite "
+                             "(--mhc lite) is doubly stochastic without iterations")
+    iterations = args.mhc_sinkhorn_iterations
+    if iterations is not None and iterations < 1:
+        raise ValueError(f"--mhc-sinkhorn-iterations must be >= 1, got {iterations}")
+
+
+def build(args, layout: Layout, embed_dim: int) -> "ManifoldHyperConnections":
+    validate(args)
+    return ManifoldHyperConnections(
+        layout, embed_dim, args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"],
+        lite=args.mhc == "lite",
+        iterations=args.mhc_sinkhorn_iterations or DEFAULTS["mhc_sinkhorn_iterations"],
+        init=args.mhc_init or DEFAULTS["mhc_init"],
+        readout=args.mhc_readout or DEFAULTS["mhc_readout"])
+
+
+def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
+    """Sinkhorn-Knopp (the paper's Eq. 9) on M = exp(logits), ... x n x n: each iteration
+    normalises the columns, then the rows. Scale-free, so exp is taken after subtracting the
+    maximum.
+
+    Computed in the scaling form, the same iterates: after t iterations the matrix is
+    diag(u) M diag(v) with v = 1 / (M^T u) (the columns' step) and u = 1 / (M v) (the rows'),
+    u starting at 1. Two batched matrix-vector products per iteration instead of two reductions
+    and two broadcast divisions of the whole matrix, and a hand-written backward
+    (:class:`_SinkhornScaling`) that gathers the gradient of M over all iterations in two
+    products: ~3x faster than autograd through the plain iterations on CPU (measured). The
+    gradient is the exact gradient of these t iterations (not the implicit one of the limit)."""
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True).detach())
+    shape = m.shape
+    return _SinkhornScaling.apply(m.reshape(-1, shape[-2], shape[-1]), iterations).view(shape)
+
+
+class _SinkhornScaling(torch.autograd.Function):
+    """M (N x n x n, positive) -> diag(u_t) M diag(v_t) after t iterations (see :func:`sinkhorn`).
+
+    Backward, with G the output's gradient and K = G * M: g_M = u v^T * G; g_u = K v,
+    g_v = K^T u; then back through every step (u = 1/z, z = M v: g_z = -u^2 g_u, g_v += M^T g_z;
+    v = 1/w, w = M^T u': g_w = -v^2 g_v, g_u' = M g_w), the outer products that each step adds to
+    g_M (g_z v^T and u' g_w^T) summed over the steps as two batched products at the end."""
+
+    @staticmethod
+    def forward(ctx, m: Tensor, iterations: int) -> Tensor:
+        m_t = m.transpose(-1, -2).contiguous()
+        us, vs = [m.new_ones(m.size(0), m.size(1), 1)], []
+        for _ in range(iterations):
+            vs.append(torch.bmm(m_t, us[-1]).reciprocal_())  # 1 / column sums of diag(u) M
+            us.append(torch.bmm(m, vs[-1]).reciprocal_())  # 1 / row sums of M diag(v)
+        ctx.save_for_backward(m, torch.cat(us, dim=-1), torch.cat(vs, dim=-1))
+        return us[-1] * m * vs[-1].transpose(-1, -2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        m, us, vs = ctx.saved_tensors  # N x n x n, N x n x (t+1), N x n x t
+        steps = vs.size(-1)
+        u, v = us[..., steps:], vs[..., steps - 1:]
+        weighted = grad * m
+        grad_m = grad * u * v.transpose(-1, -2)
+        grad_u, grad_v = torch.bmm(weighted, v), torch.bmm(weighted.transpose(-1, -2), u)
+        m_t = m.transpose(-1, -2)
+        grad_z, grad_w = [], []
+        for t in range(steps, 0, -1):
+            g_z = -us[..., t:t + 1].square() * grad_u  # u_t = 1 / (M v_t)
+            grad_v = grad_v + torch.bmm(m_t, g_z)
+            g_w = -vs[..., t - 1:t].square() * grad_v  # v_t = 1 / (M^T u_(t-1))
+            grad_u = torch.bmm(m, g_w)
+            grad_z.append(g_z)
+            grad_w.append(g_w)
+            grad_v = torch.zeros_like(grad_v)  # v_(t-1) reaches the output only through u_(t-1)
+        # sum over the steps of g_z v_t^T and u_(t-1) g_w^T (steps in reverse order)
+        grad_z = torch.cat(grad_z[::-1], dim=-1)  # N x n x t, step 1 first
+        grad_w = torch.cat(grad_w[::-1], dim=-1)
+        grad_m = grad_m + torch.bmm(grad_z, vs.transpose(-1, -2))
+        grad_m = grad_m + torch.bmm(us[..., :steps], grad_w.transpose(-1, -2))
+        return grad_m, None
+
+
+def permutation_matrices(n: int) -> Tensor:
+    """The n! permutation matrices, n! x n x n, the identity first."""
+    eye = torch.eye(n)
+    return torch.stack([eye[list(p)] for p in itertools.permutations(range(n))])
+
+
+def _dtype(stream: Tensor) -> torch.dtype:
+    """The coefficients' dtype: float32, or the stream's where it is wider (float64)."""
+    return torch.promote_types(stream.dtype, torch.float32)
+
+
+def logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+class ManifoldHyperConnections(MultiStream):
+    """mHC / mHC-lite over the sub-layers of ``layout``.
+
+    Parameters, stacked over the K sub-layers: ``maps`` K x m x nC (phi_pre, phi_post, phi_res as
+    rows: m = 2n + n^2, or 2n + n! for lite), ``gates`` K x 3 (a_pre, a_post, a_res),
+    ``bias_pre`` / ``bias_post`` K x n, ``bias_res`` K x n x n (lite: K x n!). The learned readout:
+    ``readout_map`` n x nC, ``readout_gate`` (1), ``readout_bias`` n."""
+
+    name = "mhc"
+
+    def __init__(self, layout: Layout, embed_dim: int, rate: int, lite: bool = False,
+                 iterations: int = 20, init: str = "residual", readout: str = "learned"):
+        if init not in INITS:
+            raise ValueError(f"--mhc-init must be one of {INITS}, got {init!r}")
+        if readout not in READOUTS:
+            raise ValueError(f"--mhc-readout must be one of {READOUTS}, got {readout!r}")
+        if rate < 2 or (lite and rate > LITE_MAX_STREAMS) or iterations < 1:
+            raise ValueError(f"mHC needs 2 <= n (<= {LITE_MAX_STREAMS} for lite) and >= 1 "
+                             f"Sinkhorn iterations, got n={rate}, iterations={iterations}")
+        super().__init__(layout, rate, readout)
+        self.lite, self.iterations, self.init = lite, iterations, init
+        sites, n, d = len(self.sites), rate, embed_dim
+        self.embed_dim = d
+        mixes = math.factorial(n) if lite else n * n
+        self.maps = nn.Parameter(torch.zeros(sites, 2 * n + mixes, n * d))
+        self.gates = nn.Parameter(torch.full((sites, 3), 0.01))
+        self.bias_pre = nn.Parameter(torch.zeros(sites, n))
+        self.bias_post = nn.Parameter(torch.zeros(sites, n))
+        self.bias_res = nn.Parameter(torch.zeros(sites, mixes) if lite
+                                     else torch.zeros(sites, n, n))
+        if lite:
+            self.register_buffer("permutations", permutation_matrices(n), persistent=False)
+        if readout == "learned":
+            self.readout_map = nn.Parameter(torch.zeros(n, n * d))
+            self.readout_gate = nn.Parameter(torch.full((1,), 0.01))
+            self.readout_bias = nn.Parameter(torch.zeros(n))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """Maps 0, gates 0.01; the biases as ``init`` says (module docstring)."""
+        n = self.streams
+        self.maps.zero_()
+        self.gates.fill_(0.01)
+        self.bias_pre.zero_()
+        self.bias_post.zero_()
+        self.bias_res.zero_()
+        if self.init == "residual":
+            other = (1 - HOME) / (n - 1)
+            self.bias_pre.fill_(logit(other))
+            for k in range(self.bias_pre.size(0)):
+                self.bias_pre[k, k % n] = logit(HOME)
+            if self.lite:  # softmax weight HOME on the identity (index 0), the rest equal
+                self.bias_res[:, 0] = math.log(HOME / (1 - HOME) * (self.bias_res.size(1) - 1))
+            else:  # exp(b): HOME / (1 - HOME) * (n - 1) on the diagonal, 1 elsewhere
+                self.bias_res.copy_(torch.eye(n) * math.log(HOME / (1 - HOME) * (n - 1)))
+        if self.readout == "learned":
+            self.readout_map.zero_()
+            self.readout_gate.fill_(0.01)
+            self.readout_bias.fill_(logit(1.0 / n) if self.init == "residual" else 0.0)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A checkpoint without these weights (another method's, or a plain model's) cannot be
+        continued with mHC; one with another n or variant neither: errors naming the flags."""
+        prefix = f"{name}." if name else ""
+        if f"{prefix}maps" not in state_dict:
+            raise ValueError(f"the checkpoint has no mHC weights at {prefix}maps: it was not "
+                             "trained with --mhc; train without the flag, or start the "
+                             "connections from scratch")
+        shape = tuple(state_dict[f"{prefix}maps"].shape)
+        if shape != tuple(self.maps.shape):
+            raise ValueError(f"the checkpoint's mHC maps are {shape}, this model's "
+                             f"{tuple(self.maps.shape)}: use the checkpoint's --mhc and "
+                             "--mhc-expansion-rate")
+
+    def _mixes(self, stream: Tensor, weight: Tensor) -> Tensor:
+        """x~ phi for the map ``weight`` (m x nC): ... x m, in float32 (float64 in a float64
+        model). RMSNorm(x) phi = (x phi) / rms(x): the norm is applied to the m products, not
+        to the nC inputs (one reduction, no normalised copy of the streams). For n equal streams
+        (T x B x 1 x C) the flattened vector is n copies of x: its RMS is x's, and
+        x phi = x (sum of phi's n blocks)."""
+        x = stream.to(_dtype(stream))
+        if x.size(-2) == 1:
+            x = x.squeeze(-2)
+            weight = weight.view(weight.size(0), self.streams, -1).sum(1)
+        else:
+            x = x.flatten(-2)
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.size(-1)
+        return F.linear(x, weight.to(x.dtype)) * torch.rsqrt(mean_square + RMS_EPS)
+
+    def coefficients(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k, in float32 (float64
+        in a float64 model), per
+        position of ``stream`` (T x B x n x C, or T x B x 1 x C for n equal streams)."""
+        n, dtype = self.streams, _dtype(stream)
+        with torch.autocast(device_type=stream.device.type, enabled=False):
+            mixes = self._mixes(stream, self.maps[k])  # ... x m
+            gates = self.gates[k].to(dtype)
+            pre, post, res = mixes.split([n, n, mixes.size(-1) - 2 * n], dim=-1)
+            h_pre = torch.sigmoid(gates[0] * pre + self.bias_pre[k].to(dtype))
+            h_post = 2 * torch.sigmoid(gates[1] * post + self.bias_post[k].to(dtype))
+            if self.lite:
+                w = torch.softmax(gates[2] * res + self.bias_res[k].to(dtype), dim=-1)
+                h_res = torch.einsum("...p,pij->...ij", w, self.permutations.to(dtype))
+            else:
+                logits = gates[2] * res.unflatten(-1, (n, n)) + self.bias_res[k].to(dtype)
+                h_res = sinkhorn(logits, self.iterations)
+        return h_pre, h_post, h_res
+
+    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+        h_pre, h_post, h_res = self.coefficients(stream, k)
+        # the multi-stream product reads A_m = H_pre and mixes with A_r^T H: A_r = H_res^T
+        alpha = torch.cat([h_pre.unsqueeze(-1), h_res.transpose(-1, -2)], dim=-1)
+        return alpha.to(stream.dtype), h_post.to(stream.dtype)
+
+    def finish(self, state: StackState) -> Tensor:
+        if self.readout != "learned":
+            return super().finish(state)
+        stream = state.stream
+        dtype = _dtype(stream)
+        with torch.autocast(device_type=stream.device.type, enabled=False):
+            w = torch.sigmoid(self.readout_gate.to(dtype) * self._mixes(stream, self.readout_map)
+                              + self.readout_bias.to(dtype))  # ... x n
+        # sum_j w_j x_j: one product per position
+        return torch.matmul(w.to(stream.dtype).unsqueeze(-2),
+                            self.full_streams(state)).squeeze(-2)
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """The static part (the biases through their maps) of the first and last sub-layer:
+        H_pre and H_post per stream, and the mean diagonal of H_res (how much each stream
+        keeps itself)."""
+        out = {}
+        n = self.streams
+        with torch.no_grad():
+            for k in sorted({0, len(self.sites) - 1}):
+                h_pre = torch.sigmoid(self.bias_pre[k].float())
+                h_post = 2 * torch.sigmoid(self.bias_post[k].float())
+                if self.lite:
+                    w = torch.softmax(self.bias_res[k].float(), dim=-1)
+                    h_res = torch.einsum("p,pij->ij", w, self.permutations.float())
+                else:
+                    h_res = sinkhorn(self.bias_res[k].float(), self.iterations)
+                for r in range(n):
+                    out[f"k{k}_pre{r}"] = h_pre[r]
+                    out[f"k{k}_post{r}"] = h_post[r]
+                out[f"k{k}_keep"] = torch.diagonal(h_res).mean()
+        return out
+
+    def macs(self, embed_dim: int) -> int:
+        """Per token: the maps (nC x m) and the RMS norm (nC), Sinkhorn (2 t n^2; lite: n! n^2)
+        and the stream product at every sub-layer; the learned readout once per stack."""
+        n, d, k = self.streams, embed_dim, len(self.sites)
+        m = self.maps.size(1)
+        mixing = math.factorial(n) * n * n if self.lite else 2 * self.iterations * n * n
+        total = k * (n * d * m + n * d + mixing + self.stream_macs(d))
+        if self.readout == "learned":
+            total += n * d * n + n * d
+        return total
+
+    def extra_repr(self) -> str:
+        kind = "lite" if self.lite else f"sinkhorn, iterations={self.iterations}"
+        return (f"n={self.streams}, {kind}, sub-layers={len(self.sites)}, init={self.init}, "
+                f"readout={self.readout}")
