@@ -157,6 +157,7 @@ def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch)
     ("gpt_baseline_lm", ["--decoder-fusion", "--fusion-kind", "dwa"], True),
     ("gpt_baseline_lm", ["--hyper-connections", "dynamic", "--value-residual", "learnable"], False),
     ("ar_encdec_lm", ["--mudd"], False),
+    ("gpt_baseline_lm", ["--mhc", "sinkhorn"], False),
 ])
 def test_language_models_with_depth_connections_are_analysed(arch, extra, additive):
     model, task, _ = build_language_model(arch, LMS[arch] + extra, seed=1)
@@ -174,6 +175,8 @@ def test_language_models_with_depth_connections_are_analysed(arch, extra, additi
     assert len(result["logit_lens"]["accuracy"]) == len(model.decoder.layers) + 1
     weights = result["layer_weights"]["depth_connections"]["decoder.depth"]
     assert weights and all(v == v for v in weights.values())
+    if "--mhc" in extra:  # the static read and write weights, the mixing's diagonal
+        assert {"connection.k0_pre0", "connection.k0_post0", "connection.k0_keep"} <= set(weights)
 
 
 @pytest.mark.parametrize("family", sorted(SEQ2SEQ))

@@ -441,6 +441,56 @@ def test_checkpoints_of_another_variant_load_or_fail_clearly():
         static.load_state_dict(two.state_dict())
 
 
+def test_amax_gain_of_the_composite_mixing_is_logged_in_training():
+    """The mHC paper's diagnostic: the largest absolute row (forward) and column (backward) sum
+    of the product of the mixing matrices across depth, logged with --log-layer-weights."""
+    from fairseq.logging import metrics
+
+    def logged(model):
+        with metrics.aggregate(new_root=True) as agg:
+            model.eval()(_tokens())  # evaluation passes compose nothing
+            assert not any("amax" in k for k in agg.get_smoothed_values())
+            model.train()(_tokens())
+            return {k.split("_connection_")[1]: v for k, v in agg.get_smoothed_values().items()
+                    if "amax_gain" in k and k.startswith("lw_decoder_depth")}
+
+    # static Hyper-Connections moved off the identity: the composite is the product of the
+    # static A_r^T, the same at every position
+    model, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"] + ["--log-layer-weights"])
+    hc = model.decoder.depth.connection
+    with torch.no_grad():
+        hc.static_alpha.add_(0.2 * torch.randn(hc.static_alpha.shape,
+                                               generator=torch.Generator().manual_seed(0)))
+    composite = torch.eye(4)
+    for k in range(len(hc.sites)):
+        composite = hc.static_alpha[k, :, 1:].detach().t() @ composite
+    gains = logged(model)
+    assert gains["amax_gain_forward"] == pytest.approx(composite.abs().sum(1).max().item(),
+                                                       rel=1e-4)
+    assert gains["amax_gain_backward"] == pytest.approx(composite.abs().sum(0).max().item(),
+                                                        rel=1e-4)
+    assert gains["amax_gain_forward"] > 1.05
+    # mHC-lite: a product of doubly stochastic matrices is doubly stochastic (gains 1)
+    model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc_lite"] + ["--log-layer-weights"])
+    _train_steps(model, steps=3)
+    gains = logged(model)
+    assert gains["amax_gain_forward"] == pytest.approx(1.0, abs=1e-5)
+    assert gains["amax_gain_backward"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_mhc_checkpoints_of_another_method_or_size_are_refused():
+    model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc"])
+    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --mhc"),
+                           (_lm("gpt_baseline_lm_tiny", HC["static"])[0], "not trained with --mhc"),
+                           (_lm("gpt_baseline_lm_tiny", MHC["mhc_lite"])[0], "--mhc-expansion-rate"),
+                           (_lm("gpt_baseline_lm_tiny", MHC["mhc_n2_zeros_sum"])[0],
+                            "--mhc-expansion-rate")):
+        with pytest.raises(ValueError, match=message):
+            model.load_state_dict(other.state_dict())  # fairseq's load: upgrade, then strict
+    same, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc"], seed=5)
+    model.load_state_dict(same.state_dict())
+
+
 # -- layerwise_transformer (the seq2seq encoder and decoder) ---------------------------------------
 PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 SEQ2SEQ = {"hc_static": PRE_NORM + HC["static"], "hc_dynamic": PRE_NORM + HC["dynamic"],

@@ -98,7 +98,12 @@ class MultiStream(Connection):
 
     The stack starts from n copies of the embedding output, kept as one (T x B x 1 x C, standing
     for T x B x n x C) until the first write: equal streams need neither n per-stream norms nor
-    a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams."""
+    a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams.
+
+    With ``log_weights`` (``--log-layer-weights``) a training pass also composes the mixing
+    matrices A_r^T of all sub-layers per position (the product across depth, as the mHC paper's
+    stability diagnostic) and keeps its "Amax gain" in ``amax_gain``: the largest absolute row
+    sum (forward) and column sum (backward) of the composite, the maximum over the positions."""
 
     needs_pre_norm = True
     additive = False
@@ -106,6 +111,8 @@ class MultiStream(Connection):
     def __init__(self, layout: Layout, streams: int, readout: str = "mean"):
         super().__init__(layout)
         self.streams, self.readout = streams, readout
+        self.log_weights = False
+        self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
 
     def start(self, x: Tensor) -> StackState:
         return StackState(x.unsqueeze(-2), None)
@@ -132,7 +139,15 @@ class MultiStream(Connection):
         # split, not two slices: its backward is one concatenation, a slice's a zero-filled
         # tensor of the whole product per slice
         read, mixed = both.split([1, self.streams], dim=-2)
+        if self.log_weights and self.training:
+            self._compose(state, alpha)
         return Inputs(read.squeeze(-2)), (mixed, beta)
+
+    def _compose(self, state: StackState, alpha: Tensor):
+        """composite <- A_r^T composite (A_r^T: this sub-layer's mixing, ... x n x n)."""
+        mixing = alpha[..., 1:].detach().float().transpose(-1, -2)
+        state.diagnostics = (mixing if state.diagnostics is None
+                             else torch.matmul(mixing, state.diagnostics))
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
@@ -144,9 +159,25 @@ class MultiStream(Connection):
         return state.stream.expand(*state.stream.shape[:-2], self.streams,
                                    state.stream.size(-1))
 
-    def finish(self, state: StackState) -> Tensor:
+    def reduce(self, state: StackState) -> Tensor:
+        """The streams as one T x B x C tensor (the readout)."""
         stream = self.full_streams(state)
         return stream.mean(-2) if self.readout == "mean" else stream.sum(-2)
+
+    def view(self, state: StackState) -> Tensor:
+        return self.reduce(state)
+
+    def finish(self, state: StackState) -> Tensor:
+        if state.diagnostics is not None:
+            composite = state.diagnostics.abs()
+            self.amax_gain = (composite.sum(-1).amax(), composite.sum(-2).amax())
+        return self.reduce(state)
+
+    def gain_logs(self) -> Dict[str, Tensor]:
+        """The last training pass's Amax gains, for :meth:`logged_weights` (none before one)."""
+        if self.amax_gain is None:
+            return {}
+        return {"amax_gain_forward": self.amax_gain[0], "amax_gain_backward": self.amax_gain[1]}
 
     def stream_macs(self, embed_dim: int) -> int:
         """Per token and sub-layer: read n C, mix n^2 C, write n C."""
@@ -257,6 +288,7 @@ class HyperConnections(MultiStream):
                 out[f"k{k}_read{r}"] = alpha[r, 0]
                 out[f"k{k}_write{r}"] = beta[r]
             out[f"k{k}_keep"] = torch.diagonal(alpha[:, 1:]).mean()
+        out.update(self.gain_logs())
         return out
 
     def macs(self, embed_dim: int) -> int:

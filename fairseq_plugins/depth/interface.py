@@ -71,14 +71,17 @@ class StackState:
     states kept for the connection or the fuse-attention ([x_0, x_1, ...], T x B x C each; None
     when nothing needs it); ``inputs``: separate query/key/value inputs the next block's first
     sub-layer reads (MUDD), else None; ``first_values``: the first block's self-attention values
-    for value residual (B x H x T x hp), else None."""
-    __slots__ = ("stream", "history", "inputs", "first_values")
+    for value residual (B x H x T x hp), else None; ``diagnostics``: what a connection
+    accumulates over the pass for a diagnostic it logs (Hyper-Connections' composite mixing),
+    else None."""
+    __slots__ = ("stream", "history", "inputs", "first_values", "diagnostics")
 
     def __init__(self, stream: Tensor, history: Optional[List[Tensor]]):
         self.stream = stream
         self.history = history
         self.inputs: Optional[Inputs] = None
         self.first_values: Optional[Tensor] = None
+        self.diagnostics: Optional[Any] = None
 
 
 class Connection(nn.Module):

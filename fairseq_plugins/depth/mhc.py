@@ -329,9 +329,9 @@ class ManifoldHyperConnections(MultiStream):
         alpha = torch.cat([h_pre.unsqueeze(-1), h_res.transpose(-1, -2)], dim=-1)
         return alpha.to(stream.dtype), h_post.to(stream.dtype)
 
-    def finish(self, state: StackState) -> Tensor:
+    def reduce(self, state: StackState) -> Tensor:
         if self.readout != "learned":
-            return super().finish(state)
+            return super().reduce(state)
         stream = state.stream
         dtype = _dtype(stream)
         with torch.autocast(device_type=stream.device.type, enabled=False):
@@ -360,6 +360,7 @@ class ManifoldHyperConnections(MultiStream):
                     out[f"k{k}_pre{r}"] = h_pre[r]
                     out[f"k{k}_post{r}"] = h_post[r]
                 out[f"k{k}_keep"] = torch.diagonal(h_res).mean()
+        out.update(self.gain_logs())
         return out
 
     def macs(self, embed_dim: int) -> int:
