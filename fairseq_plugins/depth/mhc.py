@@ -236,7 +236,6 @@ class ManifoldHyperConnections(MultiStream):
         super().__init__(layout, rate, readout)
         self.lite, self.iterations, self.init = lite, iterations, init
         sites, n, d = len(self.sites), rate, embed_dim
-        self.embed_dim = d
         mixes = math.factorial(n) if lite else n * n
         self.maps = nn.Parameter(torch.zeros(sites, 2 * n + mixes, n * d))
         self.gates = nn.Parameter(torch.full((sites, 3), 0.01))
@@ -305,9 +304,9 @@ class ManifoldHyperConnections(MultiStream):
         return F.linear(x, weight.to(x.dtype)) * torch.rsqrt(mean_square + RMS_EPS)
 
     def coefficients(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
-        """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k, in float32 (float64
-        in a float64 model), per
-        position of ``stream`` (T x B x n x C, or T x B x 1 x C for n equal streams)."""
+        """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
+        ``stream`` (T x B x n x C, or T x B x 1 x C for n equal streams), in float32 (float64 in
+        a float64 model) whatever the model's dtype or autocast."""
         n, dtype = self.streams, _dtype(stream)
         with torch.autocast(device_type=stream.device.type, enabled=False):
             mixes = self._mixes(stream, self.maps[k])  # ... x m
