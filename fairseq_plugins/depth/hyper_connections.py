@@ -87,6 +87,12 @@ def build(args, layout: Layout, embed_dim: int) -> "HyperConnections":
                             readout=args.hc_readout or DEFAULTS["hc_readout"])
 
 
+def statistics_dtype(stream: Tensor) -> torch.dtype:
+    """The dtype of a connection's statistics and coefficients: float32, or the stream's where
+    it is wider (float64)."""
+    return torch.promote_types(stream.dtype, torch.float32)
+
+
 class MultiStream(Connection):
     """n residual streams per position (T x B x n x C) mixed around every sub-layer by
     per-sub-layer weights: the machinery Hyper-Connections and its constrained variants share.
@@ -275,7 +281,7 @@ class HyperConnections(MultiStream):
             # (a matmul by the C x (n+2) map computes a skinny one, ~2x slower on CPU, measured)
             maps = torch.cat([self.dynamic_alpha[k].t(), self.dynamic_beta[k].unsqueeze(0)])
             weight = maps * self.norm_weight[k]
-            stats = stream.to(torch.promote_types(dtype, torch.float32))
+            stats = stream.to(statistics_dtype(stream))
             mean = stats.mean(-1, keepdim=True)
             variance = (torch.linalg.vector_norm(stats, dim=-1, keepdim=True).square()
                         / stats.size(-1) - mean.square()).clamp_min(0)

@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from .hyper_connections import MultiStream
+from .hyper_connections import MultiStream, statistics_dtype
 from .interface import Layout, StackState
 
 logger = logging.getLogger(__name__)
@@ -110,10 +110,8 @@ def validate(args):
                 raise ValueError(f"--{name.replace('_', '-')} was given but --mhc is none; add "
                                  "--mhc sinkhorn or lite")
         return
+    # the ranges (n >= 2, iterations >= 1) are the options' own checks (``option(minimum=)``)
     rate = args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"]
-    if rate < 2:
-        raise ValueError(f"--mhc-expansion-rate must be >= 2 (one stream has no mixing to "
-                         f"constrain), got {rate}")
     if args.mhc == "lite":
         if rate > LITE_MAX_STREAMS:
             raise ValueError(f"--mhc lite mixes the n! permutation matrices: "
@@ -122,13 +120,9 @@ def validate(args):
         if args.mhc_sinkhorn_iterations is not None:
             raise ValueError("--mhc-sinkhorn-iterations applies to --mhc sinkhorn; mHC-lite "
                              "(--mhc lite) is doubly stochastic without iterations")
-    iterations = args.mhc_sinkhorn_iterations
-    if iterations is not None and iterations < 1:
-        raise ValueError(f"--mhc-sinkhorn-iterations must be >= 1, got {iterations}")
 
 
 def build(args, layout: Layout, embed_dim: int) -> "ManifoldHyperConnections":
-    validate(args)
     return ManifoldHyperConnections(
         layout, embed_dim, args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"],
         lite=args.mhc == "lite",
@@ -180,17 +174,18 @@ class _SinkhornScaling(torch.autograd.Function):
         u, v = us[..., steps:], vs[..., steps - 1:]
         weighted = grad * m
         grad_m = grad * u * v.transpose(-1, -2)
-        grad_u, grad_v = torch.bmm(weighted, v), torch.bmm(weighted.transpose(-1, -2), u)
+        grad_u, direct_v = torch.bmm(weighted, v), torch.bmm(weighted.transpose(-1, -2), u)
         m_t = m.transpose(-1, -2)
         grad_z, grad_w = [], []
         for t in range(steps, 0, -1):
             g_z = -us[..., t:t + 1].square() * grad_u  # u_t = 1 / (M v_t)
-            grad_v = grad_v + torch.bmm(m_t, g_z)
+            grad_v = torch.bmm(m_t, g_z)
+            if t == steps:  # only the last v reaches the output directly; earlier ones via u
+                grad_v = grad_v + direct_v
             g_w = -vs[..., t - 1:t].square() * grad_v  # v_t = 1 / (M^T u_(t-1))
             grad_u = torch.bmm(m, g_w)
             grad_z.append(g_z)
             grad_w.append(g_w)
-            grad_v = torch.zeros_like(grad_v)  # v_(t-1) reaches the output only through u_(t-1)
         # sum over the steps of g_z v_t^T and u_(t-1) g_w^T (steps in reverse order)
         grad_z = torch.cat(grad_z[::-1], dim=-1)  # N x n x t, step 1 first
         grad_w = torch.cat(grad_w[::-1], dim=-1)
@@ -203,11 +198,6 @@ def permutation_matrices(n: int) -> Tensor:
     """The n! permutation matrices, n! x n x n, the identity first."""
     eye = torch.eye(n)
     return torch.stack([eye[list(p)] for p in itertools.permutations(range(n))])
-
-
-def _dtype(stream: Tensor) -> torch.dtype:
-    """The coefficients' dtype: float32, or the stream's where it is wider (float64)."""
-    return torch.promote_types(stream.dtype, torch.float32)
 
 
 def logit(p: float) -> float:
@@ -294,7 +284,7 @@ class ManifoldHyperConnections(MultiStream):
         to the nC inputs (one reduction, no normalised copy of the streams). For n equal streams
         (T x B x 1 x C) the flattened vector is n copies of x: its RMS is x's, and
         x phi = x (sum of phi's n blocks)."""
-        x = stream.to(_dtype(stream))
+        x = stream.to(statistics_dtype(stream))
         if x.size(-2) == 1:
             x = x.squeeze(-2)
             weight = weight.view(weight.size(0), self.streams, -1).sum(1)
@@ -307,20 +297,25 @@ class ManifoldHyperConnections(MultiStream):
         """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
         ``stream`` (T x B x n x C, or T x B x 1 x C for n equal streams), in float32 (float64 in
         a float64 model) whatever the model's dtype or autocast."""
-        n, dtype = self.streams, _dtype(stream)
+        n, dtype = self.streams, statistics_dtype(stream)
         with torch.autocast(device_type=stream.device.type, enabled=False):
             mixes = self._mixes(stream, self.maps[k])  # ... x m
             gates = self.gates[k].to(dtype)
             pre, post, res = mixes.split([n, n, mixes.size(-1) - 2 * n], dim=-1)
             h_pre = torch.sigmoid(gates[0] * pre + self.bias_pre[k].to(dtype))
             h_post = 2 * torch.sigmoid(gates[1] * post + self.bias_post[k].to(dtype))
-            if self.lite:
-                w = torch.softmax(gates[2] * res + self.bias_res[k].to(dtype), dim=-1)
-                h_res = torch.einsum("...p,pij->...ij", w, self.permutations.to(dtype))
-            else:
-                logits = gates[2] * res.unflatten(-1, (n, n)) + self.bias_res[k].to(dtype)
-                h_res = sinkhorn(logits, self.iterations)
+            if not self.lite:
+                res = res.unflatten(-1, (n, n))
+            h_res = self._mixing(gates[2] * res + self.bias_res[k].to(dtype))
         return h_pre, h_post, h_res
+
+    def _mixing(self, logits: Tensor) -> Tensor:
+        """H_res (... x n x n) from its logits: ... x n x n, Sinkhorn-Knopp; ... x n!, the
+        softmax mixture of the permutation matrices (lite)."""
+        if self.lite:
+            return torch.einsum("...p,pij->...ij", torch.softmax(logits, dim=-1),
+                                self.permutations.to(logits.dtype))
+        return sinkhorn(logits, self.iterations)
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         h_pre, h_post, h_res = self.coefficients(stream, k)
@@ -332,7 +327,7 @@ class ManifoldHyperConnections(MultiStream):
         if self.readout != "learned":
             return super().reduce(state)
         stream = state.stream
-        dtype = _dtype(stream)
+        dtype = statistics_dtype(stream)
         with torch.autocast(device_type=stream.device.type, enabled=False):
             w = torch.sigmoid(self.readout_gate.to(dtype) * self._mixes(stream, self.readout_map)
                               + self.readout_bias.to(dtype))  # ... x n
@@ -350,11 +345,7 @@ class ManifoldHyperConnections(MultiStream):
             for k in sorted({0, len(self.sites) - 1}):
                 h_pre = torch.sigmoid(self.bias_pre[k].float())
                 h_post = 2 * torch.sigmoid(self.bias_post[k].float())
-                if self.lite:
-                    w = torch.softmax(self.bias_res[k].float(), dim=-1)
-                    h_res = torch.einsum("p,pij->ij", w, self.permutations.float())
-                else:
-                    h_res = sinkhorn(self.bias_res[k].float(), self.iterations)
+                h_res = self._mixing(self.bias_res[k].float())
                 for r in range(n):
                     out[f"k{k}_pre{r}"] = h_pre[r]
                     out[f"k{k}_post{r}"] = h_post[r]
