@@ -49,6 +49,14 @@ TARGETS = (
     ("depth", "train_time_ratio", ("dwa",), "<=", 1.05, "{}: training time / the plain LM's"),
     ("depth", "train_time_ratio", ("mhc_n4",), "<=", 1.20, "{}: training time / the plain LM's"),
     ("depth", "train_time_ratio_vs_mhc", ("mhc_lite_n4",), "<=", 1.0, "{}: training time / mHC's"),
+    ("depth", "train_time_ratio", ("frac_dynamic_m4",), "<=", 1.05,
+     "{}: training time / the plain LM's"),
+    ("depth", "memory_growth_ratio", ("frac_dynamic_m4",), "<=", 1.02,
+     "{}: peak-memory growth / the plain LM's"),
+    ("depth", "train_time_ratio", ("attn_res_full",), "<=", 1.10,
+     "{}: training time / the plain LM's"),
+    ("depth", "train_time_ratio", ("attn_res_block",), "<=", 1.05,
+     "{}: training time / the plain LM's"),
 )
 
 

@@ -63,6 +63,11 @@ LM_FIXTURES = {
         "--hyper-connections", "dynamic", "--hc-expansion-rate", "2"]),
     "gpt_mudd_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mudd"]),
     "gpt_mhc_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--mhc", "sinkhorn"]),
+    "gpt_frac_connections_lm": ("gpt_baseline_lm_tiny", LM_SIZES + [
+        "--frac-connections", "dynamic", "--frac-rate", "2"]),
+    "gpt_attn_res_lm": ("gpt_baseline_lm_tiny", LM_SIZES + ["--attn-res", "full"]),
+    "ar_attn_res_block_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "2", "--attn-res", "block", "--attn-res-blocks", "2"]),
     "ar_value_residual_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "2", "--value-residual", "learnable"]),
     # the encoder-decoder bridge over ar_encdec_lm's encoder

@@ -158,6 +158,8 @@ def test_language_model_blocks_decompose_and_their_lens_ends_at_the_output(arch)
     ("gpt_baseline_lm", ["--hyper-connections", "dynamic", "--value-residual", "learnable"], False),
     ("ar_encdec_lm", ["--mudd"], False),
     ("gpt_baseline_lm", ["--mhc", "sinkhorn"], False),
+    ("ar_encdec_lm", ["--attn-res", "block", "--attn-res-blocks", "1"], False),
+    ("gpt_baseline_lm", ["--frac-connections", "dynamic"], False),
 ])
 def test_language_models_with_depth_connections_are_analysed(arch, extra, additive):
     model, task, _ = build_language_model(arch, LMS[arch] + extra, seed=1)
@@ -177,6 +179,11 @@ def test_language_models_with_depth_connections_are_analysed(arch, extra, additi
     assert weights and all(v == v for v in weights.values())
     if "--mhc" in extra:  # the static read and write weights, the mixing's diagonal
         assert {"connection.k0_pre0", "connection.k0_post0", "connection.k0_keep"} <= set(weights)
+    if "--attn-res" in extra:  # the mean weight on every source, per sub-layer and the readout
+        sites = len(model.decoder.depth.connection.sites)
+        assert {"connection.k0_s0", f"connection.k{sites}_s0"} <= set(weights)
+        readout = [v for k, v in weights.items() if k.startswith(f"connection.k{sites}_s")]
+        assert sum(readout) == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("family", sorted(SEQ2SEQ))

@@ -22,6 +22,12 @@ MHC = {"mhc": ["--mhc", "sinkhorn"], "mhc_lite": ["--mhc", "lite"],
        "mhc_n2_zeros_sum": ["--mhc", "sinkhorn", "--mhc-expansion-rate", "2", "--mhc-init", "zeros",
                             "--mhc-readout", "sum", "--mhc-sinkhorn-iterations", "3"],
        "mhc_lite_mean": ["--mhc", "lite", "--mhc-expansion-rate", "3", "--mhc-readout", "mean"]}
+FRAC = {"frac_static": ["--frac-connections", "static"],
+        "frac_dynamic": ["--frac-connections", "dynamic"],
+        "frac_m2": ["--frac-connections", "dynamic", "--frac-rate", "2"]}
+ATTN_RES = {"attn_res": ["--attn-res", "full"],
+            "attn_res_block": ["--attn-res", "block", "--attn-res-blocks", "2"],
+            "attn_res_block1": ["--attn-res", "block", "--attn-res-blocks", "1"]}
 VALUE = {"value_fixed": ["--value-residual", "fixed"],
          "value_learnable": ["--value-residual", "learnable"]}
 
@@ -33,7 +39,7 @@ def fusion_flags(arch, *extra):
 
 def methods(arch):
     """Every method (and a few compositions) as flags for ``arch``."""
-    out = {**HC, **MUDD, **VALUE, **MHC,
+    out = {**HC, **MUDD, **VALUE, **MHC, **FRAC, **ATTN_RES,
            "dwa": fusion_flags(arch, "--fusion-kind", "dwa"),
            "dwa_dilated": fusion_flags(arch, "--fusion-kind", "dwa", "--dwa-dilation", "2"),
            "lrf": fusion_flags(arch),
@@ -41,6 +47,8 @@ def methods(arch):
            "hc_value": HC["dynamic"] + VALUE["value_learnable"],
            "mudd_value": MUDD["mudd"] + VALUE["value_fixed"],
            "mhc_value": MHC["mhc"] + VALUE["value_learnable"],
+           "frac_value": FRAC["frac_dynamic"] + VALUE["value_fixed"],
+           "attn_res_value": ATTN_RES["attn_res"] + VALUE["value_learnable"],
            "dwa_value": fusion_flags(arch, "--fusion-kind", "dwa") + VALUE["value_fixed"]}
     return out
 
@@ -76,6 +84,8 @@ IDENTITY = {  # the methods whose published initialisation is the plain model, a
     # the read weights sum to one and the readout is the mean up to the float32 rounding of the
     # biases (stored in float32 before the model is made float64: logit(1/12) is not exact)
     "mhc": 1e-8, "mhc_lite": 1e-8, "mhc_lite_mean": 1e-8,
+    # identity read and mixing weights, write weights 1: the plain model bit for bit
+    "frac_static": 0.0, "frac_dynamic": 0.0, "frac_m2": 0.0,
 }
 
 
@@ -107,6 +117,56 @@ def test_hyper_connections_sum_readout_is_the_plain_model_up_to_the_final_norms_
         if arch.startswith("gpt"):
             plain.decoder.final_layer_norm.eps /= 4 ** 2
             torch.testing.assert_close(got, plain(tokens)[0], rtol=1e-12, atol=1e-12)
+
+
+def _set_layer_norm_eps(eps, *models):
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.eps = eps
+
+
+@pytest.mark.parametrize("arch", LMS)
+@pytest.mark.parametrize("name", sorted(ATTN_RES))
+def test_attn_res_initialisation_is_the_plain_model_up_to_the_layer_norms_eps(arch, name):
+    """Zero pseudo-queries: every sub-layer reads the mean of its s sources, the plain stream
+    / s, which its LayerNorm undoes up to eps. With eps 0 the two models are the same function;
+    ar_encdec_lm's encoder output (read without a norm) is the plain one / s."""
+    plain, model, added = _with_plain_weights(arch, methods(arch)[name])
+    assert added
+    tokens = _tokens()
+    with torch.no_grad():
+        assert (model(tokens)[0] - plain(tokens)[0]).abs().max() > 1e-6  # eps 1e-5 matters
+        _set_layer_norm_eps(0.0, plain, model)
+        got, extra = model(tokens)
+        expected, plain_extra = plain(tokens)
+        if arch.startswith("gpt"):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        else:
+            sources = model.decoder.encoder_depth.connection.sources_at()[-1]
+            torch.testing.assert_close(extra["encoder_out"] * sources,
+                                       plain_extra["encoder_out"], rtol=1e-12, atol=1e-12)
+        with torch.no_grad():  # the pseudo-queries are really in the path
+            model.decoder.depth.connection.queries.normal_()
+        assert (model(tokens)[0] - got).abs().max() > 1e-3
+
+
+def test_attn_res_sources_per_sub_layer():
+    """Full: sub-layer l attends l sources (x_0 and the l-1 outputs below); Block with one layer
+    per group: the completed groups and the open group's partial sum."""
+    full = _lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res"] + ["--layers", "3"])[0]
+    assert full.decoder.depth.connection.sources_at() == [1, 2, 3, 4, 5, 6, 7]
+    block = _lm("gpt_baseline_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "3",
+                                         "--layers", "3"])[0]
+    assert block.decoder.depth.connection.sources_at() == [1, 2, 2, 3, 3, 4, 4]
+    one = _lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res_block1"] + ["--layers", "3"])[0]
+    assert one.decoder.depth.connection.sources_at() == [1, 2, 2, 2, 2, 2, 2]
+    # the weights the last pass used, per sub-layer and source (what the analysis reads)
+    with torch.no_grad():
+        full.eval()(_tokens())
+    weights = full.decoder.depth.connection.logged_weights()
+    assert len(weights) == sum(full.decoder.depth.connection.sources_at())
+    assert weights["k3_s0"] == pytest.approx(1 / 4)  # uniform at initialisation
 
 
 def test_value_residual_with_lambdas_one_zero_is_the_plain_model():
@@ -244,6 +304,9 @@ def test_incremental_equals_full_forward(arch, name):
 
 @pytest.mark.parametrize("arch,name", [("gpt_baseline_lm_tiny", "hc_value"),
                                        ("ar_encdec_lm_tiny", "mudd_value"),
+                                       ("gpt_baseline_lm_tiny", "attn_res_value"),
+                                       ("ar_encdec_lm_tiny", "attn_res_block"),
+                                       ("ar_encdec_lm_tiny", "frac_value"),
                                        ("ar_encdec_lm_tiny", "lrf"),
                                        ("gpt_baseline_lm_tiny", "lrf_all_positions")])
 def test_beam_search_with_batch_and_beam_scores_equal_full_forward(arch, name):
@@ -325,6 +388,21 @@ def test_mudd_builds_separate_key_value_norms_from_the_second_block():
     ("gpt_baseline_lm_tiny", ["--mhc-init", "zeros"], "add --mhc sinkhorn or lite"),
     ("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn", "--hyper-connections", "static"], "choose one"),
     ("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn", "--decoder-fusion"], "choose one"),
+    ("gpt_baseline_lm_tiny", ["--frac-connections", "static", "--frac-rate", "0"],
+     "--frac-rate must be >= 1"),
+    ("gpt_baseline_lm_tiny", ["--frac-connections", "static", "--frac-rate", "3"],
+     "--frac-rate 3 must divide the embedding dimension"),
+    ("gpt_baseline_lm_tiny", ["--frac-rate", "2"], "add --frac-connections"),
+    ("gpt_baseline_lm_tiny", ["--frac-connections", "static", "--mhc", "lite"], "choose one"),
+    ("ar_encdec_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "3"],
+     "--attn-res-blocks 3 does not divide the stack's 2 layers: use one of [1, 2]"),
+    ("gpt_baseline_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "0"],
+     "--attn-res-blocks must be >= 1"),
+    ("gpt_baseline_lm_tiny", ["--attn-res", "full", "--attn-res-blocks", "2"],
+     "add --attn-res block"),
+    ("gpt_baseline_lm_tiny", ["--attn-res", "full", "--hyper-connections", "static"],
+     "choose one"),
+    ("ar_encdec_lm_tiny", ["--attn-res", "full", "--encoder-fusion"], "choose one"),
 ])
 def test_build_time_errors(arch, extra, message):
     with pytest.raises((ValueError, SystemExit)) as info:
@@ -338,6 +416,8 @@ def test_build_time_errors(arch, extra, message):
     (["--hyper-connections", "yes"], "invalid choice"),
     (["--value-residual", "on"], "invalid choice"),
     (["--mhc", "on"], "invalid choice"),
+    (["--frac-connections", "on"], "invalid choice"),
+    (["--attn-res", "yes"], "invalid choice"),
 ])
 def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
     with pytest.raises(SystemExit):
@@ -350,6 +430,8 @@ def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
     ("gpt_baseline_lm_tiny", ["--mudd", "--value-residual", "learnable"]),
     ("ar_encdec_lm_tiny", ["--hyper-connections", "dynamic"]),
     ("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn"]),
+    ("ar_encdec_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "2"]),
+    ("gpt_baseline_lm_tiny", ["--frac-connections", "dynamic", "--frac-rate", "2"]),
 ])
 def test_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path, arch, extra):
     assert_lm_evaluates_and_generates(lm_bin, train_lm(lm_bin, tmp_path / "ckpt", arch, *extra))
@@ -372,6 +454,8 @@ def _fairseq_optimizer(params, name="adam", weight_decay=0.1):
     ("sgd", HC["dynamic"] + VALUE["value_learnable"], 8 + 1),
     ("adam", MHC["mhc"], 5 + 3),  # maps, gates, three biases; the readout's map, gate, bias
     ("adam", MHC["mhc_lite_mean"], 5),
+    ("adam", FRAC["frac_dynamic"], 8),  # as Hyper-Connections'
+    ("adam", ATTN_RES["attn_res"] + VALUE["value_learnable"], 2 + 1),  # queries, gains; lambdas
 ])
 def test_connection_parameters_get_no_weight_decay(optimizer, extra, tensors):
     model, _, _ = _lm("gpt_baseline_lm_tiny", extra)
@@ -478,6 +562,29 @@ def test_amax_gain_of_the_composite_mixing_is_logged_in_training():
     assert gains["amax_gain_backward"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_frac_and_attn_res_checkpoints_of_another_variant_load_or_fail_clearly():
+    static, _, _ = _lm("gpt_baseline_lm_tiny", FRAC["frac_static"])
+    _train_steps(static, steps=2)
+    dynamic, _, _ = _lm("gpt_baseline_lm_tiny", FRAC["frac_dynamic"], seed=3)
+    dynamic.load_state_dict(static.state_dict())  # the dynamic part starts at its init
+    with torch.no_grad():
+        torch.testing.assert_close(dynamic.eval()(_tokens())[0], static.eval()(_tokens())[0],
+                                   rtol=1e-5, atol=1e-5)
+    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --frac-conn"),
+                           (_lm("gpt_baseline_lm_tiny", FRAC["frac_m2"])[0], "--frac-rate"),
+                           (_lm("gpt_baseline_lm_tiny", HC["static"])[0], "--frac-rate")):
+        with pytest.raises(ValueError, match=message):
+            dynamic.load_state_dict(other.state_dict())
+    full, _, _ = _lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res"])
+    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --attn-res"),
+                           (_lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res_block"])[0],
+                            "trained with --attn-res block --attn-res-blocks 2, this model "
+                            "has --attn-res full")):
+        with pytest.raises(ValueError, match=message):
+            full.load_state_dict(other.state_dict())
+    full.load_state_dict(_lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res"], seed=4)[0].state_dict())
+
+
 def test_mhc_checkpoints_of_another_method_or_size_are_refused():
     model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc"])
     for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --mhc"),
@@ -499,9 +606,17 @@ SEQ2SEQ = {"hc_static": PRE_NORM + HC["static"], "hc_dynamic": PRE_NORM + HC["dy
            "mudd_r_transparent": PRE_NORM + MUDD["mudd_r"] + ["--bridge", "transparent"],
            "hc_swapped": PRE_NORM + HC["static"] + ["--cross-attention", "swapped"],
            "mhc": PRE_NORM + MHC["mhc"], "mhc_lite_mean": PRE_NORM + MHC["mhc_lite_mean"],
-           "mhc_bridge": PRE_NORM + MHC["mhc"] + ["--bridge", "fc", "--bridge-init", "random"]}
+           "mhc_bridge": PRE_NORM + MHC["mhc"] + ["--bridge", "fc", "--bridge-init", "random"],
+           "frac_static": PRE_NORM + FRAC["frac_static"], "frac_m2": PRE_NORM + FRAC["frac_m2"],
+           "frac_transparent": PRE_NORM + FRAC["frac_dynamic"] + ["--bridge", "transparent"],
+           "attn_res": PRE_NORM + ATTN_RES["attn_res"],
+           "attn_res_block": PRE_NORM + ATTN_RES["attn_res_block"],
+           "attn_res_swapped": PRE_NORM + ATTN_RES["attn_res_block1"] + [
+               "--cross-attention", "swapped"]}
 SEQ2SEQ_IDENTITY = {"hc_static": 1e-14, "hc_dynamic": 1e-14, "mudd_r": 0.0,
-                    "mhc": 1e-8, "mhc_lite_mean": 1e-8}
+                    "mhc": 1e-8, "mhc_lite_mean": 1e-8, "frac_static": 0.0, "frac_m2": 0.0,
+                    # with every LayerNorm's eps ~0 (the mean of s sources is the stream / s)
+                    "attn_res": 1e-12, "attn_res_block": 1e-12}
 
 
 def _seq2seq_with_plain_weights(extra, seed=1):
@@ -530,6 +645,8 @@ def test_seq2seq_initialisation_is_the_plain_pre_norm_transformer(name):
     plain, model, task, added = _seq2seq_with_plain_weights(SEQ2SEQ[name])
     assert added and all(".depth.connection." in key for key in added)
     src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    if name.startswith("attn_res"):  # eps ~0 (0 would divide 0 by 0 at the padded positions)
+        _set_layer_norm_eps(1e-30, plain, model)
     with torch.no_grad():
         expected = plain(src, lengths, prev)[0]
         difference = (model(src, lengths, prev)[0] - expected).abs().max().item()
@@ -582,7 +699,8 @@ def test_seq2seq_build_time_errors(extra, message):
 
 def test_seq2seq_connection_parameters_get_no_weight_decay():
     for arch in ("hyper_connections_transformer_tiny", "dwa_transformer_tiny",
-                 "mhc_transformer_tiny"):
+                 "mhc_transformer_tiny", "frac_connections_transformer_tiny",
+                 "attn_res_block_transformer_tiny"):
         model, _, _ = build_translation_model(arch)
         marked = {name for name, p in model.named_parameters()
                   if getattr(p, "optim_overrides", None)}
@@ -607,7 +725,7 @@ def test_dwa_checkpoints_from_before_the_interface_load_into_the_connection():
 
 
 @pytest.mark.parametrize("arch", ["hyper_connections_transformer_tiny", "mudd_transformer_tiny",
-                                  "mhc_lite_transformer_tiny"])
+                                  "mhc_lite_transformer_tiny", "attn_res_transformer_tiny"])
 def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch):
     ckpt = train(scan_bin, arch, updates=10)
     out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,

@@ -39,6 +39,8 @@ SEQ2SEQ = {
     "hyper_connections": ("hyper_connections_transformer_tiny", SIZES),
     "mudd": ("mudd_transformer_tiny", SIZES),
     "mhc": ("mhc_transformer_tiny", SIZES),
+    "frac_connections": ("frac_connections_transformer_tiny", SIZES),
+    "attn_res_block": ("attn_res_block_transformer_tiny", SIZES),
 }
 LM_SIZES = ["--embed-dim", "30", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]  # head dim 15: the padded path where it runs
@@ -56,6 +58,13 @@ LMS = {
                                                         "--mhc", "lite"]),
     "ar_encdec_lm_mhc": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--mhc", "sinkhorn"]),
+    "gpt_frac_connections": ("gpt_baseline_lm_tiny", LM_SIZES + [
+        "--criterion", "cross_entropy", "--frac-connections", "dynamic", "--frac-rate", "2"]),
+    "gpt_attn_res": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy",
+                                                        "--attn-res", "full"]),
+    "ar_encdec_lm_attn_res_block": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--attn-res", "block",
+        "--attn-res-blocks", "2"]),
     "ar_encdec_lm_dwa_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--encoder-fusion",
         "--fusion-kind", "dwa"]),

@@ -7,6 +7,8 @@ flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Con
 - :mod:`.dwa`: DenseFormer's depth-weighted averages (Pagliardini et al. 2024);
 - :mod:`.hyper_connections`: Hyper-Connections (Zhu et al. 2025);
 - :mod:`.mhc`: manifold-constrained Hyper-Connections and mHC-lite (Xie et al. 2025);
+- :mod:`.frac_connections`: Frac-Connections (Zhu et al. 2025);
+- :mod:`.attn_res`: Attention Residuals, full and block (Kimi Team 2026);
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
 - :mod:`.value_residual`: value residual (Zhou et al. 2024).
 
@@ -16,17 +18,19 @@ into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:
 """
 from typing import List, Optional
 
-from . import hyper_connections, mhc, mudd, value_residual, weight_decay
+from . import (attn_res, frac_connections, hyper_connections, mhc, mudd, value_residual,
+               weight_decay)
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
 
-METHODS = (hyper_connections, mhc, mudd, value_residual)
+METHODS = (hyper_connections, mhc, frac_connections, attn_res, mudd, value_residual)
 # the methods that own a stack's stream (a Connection each; value residual composes with any)
-STREAMS = (hyper_connections, mhc, mudd)
+STREAMS = (hyper_connections, mhc, frac_connections, attn_res, mudd)
 CONFIGS = tuple(method.CONFIG for method in METHODS) + (weight_decay.CONFIG,)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
 PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
-FLAGS = {hyper_connections: "--hyper-connections", mhc: "--mhc", mudd: "--mudd",
+FLAGS = {hyper_connections: "--hyper-connections", mhc: "--mhc",
+         frac_connections: "--frac-connections", attn_res: "--attn-res", mudd: "--mudd",
          value_residual: "--value-residual"}
 
 

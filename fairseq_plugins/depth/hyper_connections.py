@@ -93,18 +93,92 @@ def statistics_dtype(stream: Tensor) -> torch.dtype:
     return torch.promote_types(stream.dtype, torch.float32)
 
 
+class _DynamicCoefficients(torch.autograd.Function):
+    """Hyper-Connections' dynamic coefficients with the LayerNorm folded into the maps:
+
+        (x ... x s x w, M r x w, b r, S n x r, a r) -> S + a * tanh((x M^T - mu M 1) / sigma + b)
+
+    ... x n x r (s = n streams, or s = 1 standing for n equal ones): M and b the maps with the
+    LayerNorm's affine folded in (LayerNorm over w, eps 1e-5), S the static coefficients, a the
+    scales. No normalised copy of x is made.
+
+    Forward: mu, sigma from x (float32, or float64 in a float64 model), one GEMM x M^T. Backward
+    keeps only x (which the mixing keeps anyway) and the per-row mu and 1 / sigma, and recomputes
+    x M^T and the tanh (a GEMM over x) instead of keeping them and the intermediates autograd
+    would (measured for Frac-Connections at 12 blocks: peak-memory growth 1.055x -> 1.03x the
+    plain LM's). With y the tanh, g the gradient of the pre-tanh z, P = x M^T, u = P - mu M 1:
+
+        g_S = sum of the output's gradient G,  g_a = sum G y,  g = (a G) (1 - y^2),
+        g_b = sum g,  g_P = g / sigma,  g_M = g_P^T x - (sum g_P mu) 1^T,
+        g_mu = -(g_P . M 1),  g_var = -(g . u) / (2 sigma^3),
+        g_x = g_P M + g_mu / w + g_var 2 (x - mu) / w"""
+
+    EPS = 1e-5
+
+    @staticmethod
+    def _tanh(x, weight, bias, mean, rstd, dtype):
+        u = F.linear(x, weight.to(x.dtype)).to(dtype) - mean * weight.sum(-1).to(dtype)
+        return u, torch.tanh(u * rstd + bias.to(dtype))
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, static: Tensor,
+                scale: Tensor) -> Tensor:
+        dtype = statistics_dtype(x)
+        stats = x.to(dtype)
+        mean = stats.mean(-1, keepdim=True)
+        variance = (torch.linalg.vector_norm(stats, dim=-1, keepdim=True).square()
+                    / x.size(-1) - mean.square()).clamp_min(0)
+        rstd = torch.rsqrt(variance + _DynamicCoefficients.EPS)
+        _, y = _DynamicCoefficients._tanh(x, weight, bias, mean, rstd, dtype)
+        ctx.save_for_backward(x, weight, bias, static, scale, mean, rstd, variance > 0)
+        return torch.addcmul(static.to(x.dtype), scale.to(x.dtype), y.to(x.dtype))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        x, weight, bias, static, scale, mean, rstd, positive = ctx.saved_tensors
+        dtype, width, r = mean.dtype, x.size(-1), weight.size(0)
+        grad = grad.to(dtype)
+        u, y = _DynamicCoefficients._tanh(x, weight, bias, mean, rstd, dtype)
+        g_static = grad.reshape(-1, *static.shape).sum(0)
+        if y.size(-2) != grad.size(-2):  # one row standing for n equal streams
+            grad = grad.sum(-2, keepdim=True)
+        g_scale = (grad * y).reshape(-1, r).sum(0)
+        g = grad * scale.to(dtype) * (1 - y.square())  # ... x s x r
+        g_p = g * rstd
+        w = weight.to(dtype)
+        w_sum = w.sum(-1)
+        g_mean = -(g_p * w_sum).sum(-1, keepdim=True)
+        g_var = -0.5 * (g * u).sum(-1, keepdim=True) * rstd.pow(3) * positive
+        stats = x.to(dtype)
+        rows = g_p.reshape(-1, r)
+        g_weight = rows.t() @ stats.reshape(-1, width) - (g_p * mean).reshape(-1, r).sum(
+            0).unsqueeze(-1)
+        factor = 2 * g_var / width
+        g_x = torch.addcmul(torch.matmul(g_p, w) + (g_mean / width - factor * mean), factor,
+                            stats)
+        return (g_x.to(x.dtype), g_weight.to(weight.dtype),
+                g.reshape(-1, r).sum(0).to(bias.dtype), g_static.to(static.dtype),
+                g_scale.to(scale.dtype))
+
+
 class MultiStream(Connection):
-    """n residual streams per position (T x B x n x C) mixed around every sub-layer by
-    per-sub-layer weights: the machinery Hyper-Connections and its constrained variants share.
-    A subclass gives :meth:`weights`: for sub-layer k and the streams H, ``alpha`` ... x n x (n+1)
-    (column 0: the read weights A_m, columns 1..n: the mixing A_r, rows: streams) and ``beta``
-    ... x n (the write weights); then
+    """n residual streams per position (T x B x n x w) mixed around every sub-layer by
+    per-sub-layer weights: the machinery Hyper-Connections, its constrained variants and
+    Frac-Connections share. A subclass gives :meth:`weights`: for sub-layer k and the streams H,
+    ``alpha`` ... x n x (R+n) (columns 0..R-1: the read weights A_m, columns R..R+n-1: the
+    mixing A_r, rows: streams) and ``beta`` ... x n (the write weights); then
 
-        input = A_m^T H,    H' = A_r^T H + beta^T f(LN(input))
+        input = A_m^T H (R x w, flattened to C = R w),    H' = A_r^T H + beta^T f(LN(input))
 
-    The stack starts from n copies of the embedding output, kept as one (T x B x 1 x C, standing
-    for T x B x n x C) until the first write: equal streams need neither n per-stream norms nor
-    a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams.
+    where the sub-layer's output (C) is split into R rows of w the same way. ``reads`` R = 1:
+    n streams of the full width (Hyper-Connections, mHC); R = n: the hidden state cut into n
+    fractions of width C / n (Frac-Connections).
+
+    With R = 1 the stack starts from n copies of the embedding output, kept as one (T x B x 1 x C,
+    standing for T x B x n x C) until the first write: equal streams need neither n per-stream
+    norms nor a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams
+    (R = 1), or their concatenation (``concat``, R = n).
 
     With ``log_weights`` (``--log-layer-weights``) a training pass also composes the mixing
     matrices A_r^T of all sub-layers per position (the product across depth, as the mHC paper's
@@ -114,26 +188,27 @@ class MultiStream(Connection):
     needs_pre_norm = True
     additive = False
 
-    def __init__(self, layout: Layout, streams: int, readout: str = "mean"):
+    def __init__(self, layout: Layout, streams: int, readout: str = "mean", reads: int = 1):
         super().__init__(layout)
-        self.streams, self.readout = streams, readout
+        self.streams, self.readout, self.reads = streams, readout, reads
         self.log_weights = False
         self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
 
     def start(self, x: Tensor) -> StackState:
-        return StackState(x.unsqueeze(-2), None)
+        # R = 1: T x B x 1 x C (n equal streams); R = n: T x B x n x C/n (the fractions)
+        return StackState(x.unflatten(-1, (self.reads, -1)), None)
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
-        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C, or T x B x 1 x C for n
-        equal streams): alpha ... x n x (n+1), beta ... x n (or n x (n+1) and n when static)."""
+        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
+        equal streams): alpha ... x n x (R+n), beta ... x n (or n x (R+n) and n when static)."""
         raise NotImplementedError
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         stream = state.stream
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
-        # [A_m A_r]^T H in one matrix product per position ((n+1) x n times n x C): row 0 is
-        # the sub-layer's input A_m^T H, rows 1..n the mixed streams A_r^T H the write adds the
-        # output to (both read the same H). The static weights are expanded to every position
+        # [A_m A_r]^T H in one matrix product per position ((R+n) x n times n x w): rows 0..R-1
+        # are the sub-layer's input A_m^T H, rows R.. the mixed streams A_r^T H the write adds
+        # the output to (both read the same H). The static weights are expanded to every position
         # too: a batch of small products beats one GEMM over the permuted streams (measured on
         # CPU, forward + backward: ~2x)
         if stream.size(-2) == 1:  # n equal streams (before the first write): sum_j alpha_jk x
@@ -141,27 +216,28 @@ class MultiStream(Connection):
         else:
             if alpha.dim() == 2:
                 alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
-            both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (n+1) x C
+            both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (R+n) x w
         # split, not two slices: its backward is one concatenation, a slice's a zero-filled
         # tensor of the whole product per slice
-        read, mixed = both.split([1, self.streams], dim=-2)
+        read, mixed = both.split([self.reads, self.streams], dim=-2)
         if self.log_weights and self.training:
             self._compose(state, alpha)
         # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
         # saved for the backward pass as a view it would keep all of ``both`` alive, (n+1) C per
         # token and sub-layer instead of C (measured: 120 MB of a 12-block LM's activations)
-        return Inputs(read.squeeze(-2).contiguous()), (mixed, beta)
+        return Inputs(read.flatten(-2).contiguous()), (mixed, beta)
 
     def _compose(self, state: StackState, alpha: Tensor):
         """composite <- A_r^T composite (A_r^T: this sub-layer's mixing, ... x n x n)."""
-        mixing = alpha[..., 1:].detach().float().transpose(-1, -2)
+        mixing = alpha[..., self.reads:].detach().float().transpose(-1, -2)
         state.diagnostics = (mixing if state.diagnostics is None
                              else torch.matmul(mixing, state.diagnostics))
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
-        mixed, beta = token  # A_r^T H (... x n x C), B (... x n)
-        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1), out.unsqueeze(-2))
+        mixed, beta = token  # A_r^T H (... x n x w), B (... x n)
+        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1),
+                                     out.unflatten(-1, (self.reads, -1)))
 
     def full_streams(self, state: StackState) -> Tensor:
         """The streams, T x B x n x C (an expanded view while they are n equal copies)."""
@@ -170,6 +246,8 @@ class MultiStream(Connection):
 
     def reduce(self, state: StackState) -> Tensor:
         """The streams as one T x B x C tensor (the readout)."""
+        if self.readout == "concat":
+            return state.stream.flatten(-2)
         stream = self.full_streams(state)
         return stream.mean(-2) if self.readout == "mean" else stream.sum(-2)
 
@@ -188,49 +266,59 @@ class MultiStream(Connection):
             return {}
         return {"amax_gain_forward": self.amax_gain[0], "amax_gain_backward": self.amax_gain[1]}
 
-    def stream_macs(self, embed_dim: int) -> int:
-        """Per token and sub-layer: read n C, mix n^2 C, write n C."""
+    def stream_macs(self, width: int) -> int:
+        """Per token and sub-layer, streams of ``width`` w: read n R w, mix n^2 w, write n w."""
         n = self.streams
-        return n * embed_dim + n * n * embed_dim + n * embed_dim
+        return n * self.reads * width + n * n * width + n * width
 
 
 class HyperConnections(MultiStream):
     """Static or dynamic Hyper-Connections over the sub-layers of ``layout``.
 
-    Parameters, stacked over the K sub-layers of the stack: ``static_alpha`` K x n x (n+1)
-    (row r: stream r's [A_m[r], A_r[r, :]]), ``static_beta`` K x n; dynamic: ``norm_weight`` /
-    ``norm_bias`` K x C, ``dynamic_alpha`` K x C x (n+1), ``dynamic_beta`` K x C, ``alpha_scale`` /
-    ``beta_scale`` K."""
+    Parameters, stacked over the K sub-layers of the stack (R read rows, streams of width w: R = 1
+    and w = C here, R = n and w = C / n for Frac-Connections): ``static_alpha`` K x n x (R+n)
+    (row r: stream r's [A_m[r, :], A_r[r, :]]), ``static_beta`` K x n; dynamic: ``norm_weight`` /
+    ``norm_bias`` K x w, ``dynamic_alpha`` K x w x (R+n), ``dynamic_beta`` K x w,
+    ``alpha_scale`` / ``beta_scale`` K."""
 
     name = "hyper_connections"
+    flag, rate_flag = "--hyper-connections", "--hc-expansion-rate"
+    readouts = READOUTS
 
     def __init__(self, layout: Layout, embed_dim: int, rate: int, dynamic: bool,
-                 readout: str = "mean"):
-        if readout not in READOUTS:
-            raise ValueError(f"--hc-readout must be one of {READOUTS}, got {readout!r}")
-        super().__init__(layout, rate, readout)
+                 readout: str = "mean", reads: int = 1):
+        if readout not in self.readouts:
+            raise ValueError(f"the readout must be one of {self.readouts}, got {readout!r}")
+        if embed_dim % reads:
+            raise ValueError(f"{self.rate_flag} {reads} must divide the embedding dimension "
+                             f"{embed_dim}")
+        super().__init__(layout, rate, readout, reads)
         self.dynamic = dynamic
-        sites, n, d = len(self.sites), rate, embed_dim
-        self.static_alpha = nn.Parameter(torch.zeros(sites, n, n + 1))
+        sites, n, w = len(self.sites), rate, embed_dim // reads
+        self.width = w
+        self.static_alpha = nn.Parameter(torch.zeros(sites, n, reads + n))
         self.static_beta = nn.Parameter(torch.ones(sites, n))
         if dynamic:
-            self.norm_weight = nn.Parameter(torch.ones(sites, d))
-            self.norm_bias = nn.Parameter(torch.zeros(sites, d))
-            self.dynamic_alpha = nn.Parameter(torch.zeros(sites, d, n + 1))
-            self.dynamic_beta = nn.Parameter(torch.zeros(sites, d))
+            self.norm_weight = nn.Parameter(torch.ones(sites, w))
+            self.norm_bias = nn.Parameter(torch.zeros(sites, w))
+            self.dynamic_alpha = nn.Parameter(torch.zeros(sites, w, reads + n))
+            self.dynamic_beta = nn.Parameter(torch.zeros(sites, w))
             self.alpha_scale = nn.Parameter(torch.full((sites,), 0.01))
             self.beta_scale = nn.Parameter(torch.full((sites,), 0.01))
         self.reset_parameters()
 
+    def initial_reads(self, k: int) -> Tensor:
+        """A_m of sub-layer k at initialisation, n x R: Eq. 14's e_(k mod n)."""
+        return F.one_hot(torch.tensor([k % self.streams]), self.streams).t().float()
+
     @torch.no_grad()
     def reset_parameters(self):
-        """The paper's initialisation (Eq. 14): A_m = e_(k mod n), A_r = I, B = 1; dynamic maps
-        0, scales 0.01, the norms (1, 0)."""
-        n = self.streams
-        self.static_alpha.zero_()
+        """The paper's initialisation (Eq. 14): A_m = :meth:`initial_reads`, A_r = I, B = 1;
+        dynamic maps 0, scales 0.01, the norms (1, 0)."""
+        n, reads = self.streams, self.reads
         for k in range(self.static_alpha.size(0)):
-            self.static_alpha[k, k % n, 0] = 1.0
-            self.static_alpha[k, :, 1:] = torch.eye(n)
+            self.static_alpha[k, :, :reads] = self.initial_reads(k)
+            self.static_alpha[k, :, reads:] = torch.eye(n)
         self.static_beta.fill_(1.0)
         if self.dynamic:
             self.norm_weight.fill_(1.0)
@@ -247,53 +335,53 @@ class HyperConnections(MultiStream):
         be continued with Hyper-Connections: an error naming the flag."""
         prefix = f"{name}." if name else ""
         if f"{prefix}static_alpha" not in state_dict:
-            raise ValueError(f"the checkpoint has no Hyper-Connections weights at {prefix}"
-                             "static_alpha: it was not trained with --hyper-connections; "
+            raise ValueError(f"the checkpoint has no {self.name} weights at {prefix}"
+                             f"static_alpha: it was not trained with {self.flag}; "
                              "train without the flag, or start the connections from scratch")
-        if self.dynamic and f"{prefix}dynamic_alpha" not in state_dict:
-            logger.info(f"{prefix}: a static Hyper-Connections checkpoint, the dynamic part "
-                        "starts at its initialisation")
-            init = HyperConnections(self.layout, self.norm_weight.size(1), self.streams, True)
-            for key in ("norm_weight", "norm_bias", "dynamic_alpha", "dynamic_beta",
-                        "alpha_scale", "beta_scale"):
-                state_dict[f"{prefix}{key}"] = getattr(init, key).detach().to(
-                    getattr(self, key))
         shape = tuple(state_dict[f"{prefix}static_alpha"].shape)
         if shape != tuple(self.static_alpha.shape):
-            raise ValueError(f"the checkpoint's Hyper-Connections have {shape[1]} streams over "
-                             f"{shape[0]} sub-layers; this model {self.streams} over "
-                             f"{self.static_alpha.size(0)}: use --hc-expansion-rate {shape[1]}")
+            raise ValueError(f"the checkpoint's connection weights {prefix}static_alpha are "
+                             f"{shape} (sub-layers x streams x (reads + streams)), this "
+                             f"model's {tuple(self.static_alpha.shape)} ({self.flag}, "
+                             f"{self.rate_flag} {self.streams}): use {self.rate_flag} "
+                             f"{shape[1]} with the checkpoint's method")
+        if self.dynamic and f"{prefix}dynamic_alpha" not in state_dict:
+            logger.info(f"{prefix}: a static {self.name} checkpoint, the dynamic part starts "
+                        "at its initialisation")
+            for key in ("norm_weight", "norm_bias", "dynamic_alpha", "dynamic_beta",
+                        "alpha_scale", "beta_scale"):
+                state_dict[f"{prefix}{key}"] = self._initial(key)
+
+    def _initial(self, key: str) -> Tensor:
+        """The dynamic parameter ``key`` at its initialisation (maps 0, scales 0.01, norms (1, 0))."""
+        value = getattr(self, key).detach()
+        fill = {"norm_weight": 1.0, "alpha_scale": 0.01, "beta_scale": 0.01}.get(key, 0.0)
+        return torch.full_like(value, fill)
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
-        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x C, or T x B x 1 x C for n
-        equal streams): alpha ... x n x (n+1)
-        (column 0: A_m, columns 1..n: A_r, rows: streams), beta ... x n; static: n x (n+1) and n,
+        """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
+        equal streams): alpha ... x n x (R+n)
+        (columns 0..R-1: A_m, then A_r, rows: streams), beta ... x n; static: n x (R+n) and n,
         dynamic: per position."""
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if self.dynamic:
             dtype, n = stream.dtype, self.streams
-            # both maps as one (n+2) x C weight M, LayerNorm folded in: with z = (x - mu) / sigma,
+            # both maps as one (R+n+1) x w weight M, LayerNorm folded in: with z = (x - mu) / sigma,
             # LN(x) M^T = (z w + b) M^T = (x (w M)^T - mu (w M) 1) / sigma + M b: one GEMM on the
             # streams themselves (which the mixing keeps anyway), so no normalised copy of the
             # n x C streams is made or kept for the backward pass (n C per token and sub-layer
             # of autograd's memory); the statistics in float32 (float64 in a float64 model).
             # F.linear with a contiguous (out x in) weight: its weight gradient is one wide GEMM
-            # (a matmul by the C x (n+2) map computes a skinny one, ~2x slower on CPU, measured)
+            # (a matmul by the w x (R+n+1) map computes a skinny one, ~2x slower on CPU, measured)
             maps = torch.cat([self.dynamic_alpha[k].t(), self.dynamic_beta[k].unsqueeze(0)])
-            weight = maps * self.norm_weight[k]
-            stats = stream.to(statistics_dtype(stream))
-            mean = stats.mean(-1, keepdim=True)
-            variance = (torch.linalg.vector_norm(stats, dim=-1, keepdim=True).square()
-                        / stats.size(-1) - mean.square()).clamp_min(0)
-            rstd = torch.rsqrt(variance + 1e-5)
-            products = F.linear(stream, weight.to(dtype)).to(rstd.dtype)
-            dynamic = torch.tanh(((products - mean * weight.sum(-1).to(rstd.dtype)) * rstd
-                                  + maps @ self.norm_bias[k]).to(dtype))
+            static = torch.cat([alpha, beta.unsqueeze(-1)], dim=-1)  # n x (R+n+1)
+            scale = torch.cat([self.alpha_scale[k].expand(self.reads + n),
+                               self.beta_scale[k].view(1)])
+            coefficients = _DynamicCoefficients.apply(
+                stream, maps * self.norm_weight[k], maps @ self.norm_bias[k], static, scale)
             # split, not slices: a slice's backward zero-fills a tensor of the whole product
-            dynamic_alpha, dynamic_beta = dynamic.split([n + 1, 1], dim=-1)
-            alpha = torch.addcmul(alpha.to(dtype), self.alpha_scale[k].to(dtype), dynamic_alpha)
-            beta = torch.addcmul(beta.to(dtype), self.beta_scale[k].to(dtype),
-                                 dynamic_beta.squeeze(-1))
+            alpha, beta = coefficients.split([self.reads + n, 1], dim=-1)
+            beta = beta.squeeze(-1)
         return alpha.to(stream.dtype), beta.to(stream.dtype)
 
     def logged_weights(self) -> Dict[str, Tensor]:
@@ -311,14 +399,16 @@ class HyperConnections(MultiStream):
         return out
 
     def macs(self, embed_dim: int) -> int:
-        """Per token: read n C, mix n^2 C, write n C at every sub-layer; dynamic adds the maps
-        (n C (n + 2)) and the per-stream norm (~2 n C, counted as n C)."""
-        n, d, k = self.streams, embed_dim, len(self.sites)
-        per_site = self.stream_macs(d)
+        """Per token and sub-layer, streams of width w (C, or C / n for fractions): read n R w,
+        mix n^2 w, write n w; dynamic adds the maps (n w (R + n + 1)) and the per-stream norm
+        (~2 n w, counted as n w)."""
+        n, w, k = self.streams, self.width, len(self.sites)
+        per_site = self.stream_macs(w)
         if self.dynamic:
-            per_site += n * d * (n + 2) + n * d
+            per_site += n * w * (self.reads + n + 1) + n * w
         return k * per_site
 
     def extra_repr(self) -> str:
-        return (f"n={self.streams}, {'dynamic' if self.dynamic else 'static'}, "
-                f"sub-layers={len(self.sites)}, readout={self.readout}")
+        return (f"n={self.streams}, reads={self.reads}, "
+                f"{'dynamic' if self.dynamic else 'static'}, sub-layers={len(self.sites)}, "
+                f"readout={self.readout}")

@@ -73,8 +73,9 @@ class StackState:
     sub-layer reads (MUDD), else None; ``first_values``: the first block's self-attention values
     for value residual (B x H x T x hp), else None; ``diagnostics``: what a connection
     accumulates over the pass for a diagnostic it logs (Hyper-Connections' composite mixing),
-    else None."""
-    __slots__ = ("stream", "history", "inputs", "first_values", "diagnostics")
+    else None; ``scratch``: what a connection computes once per pass and reuses across its
+    sub-layers (Attention Residuals: every kept state's inverse RMS), else None."""
+    __slots__ = ("stream", "history", "inputs", "first_values", "diagnostics", "scratch")
 
     def __init__(self, stream: Tensor, history: Optional[List[Tensor]]):
         self.stream = stream
@@ -82,6 +83,7 @@ class StackState:
         self.inputs: Optional[Inputs] = None
         self.first_values: Optional[Tensor] = None
         self.diagnostics: Optional[Any] = None
+        self.scratch: Optional[Any] = None
 
 
 class Connection(nn.Module):

@@ -32,6 +32,10 @@ METHODS = {
     "hc_dynamic_n4": ["--hyper-connections", "dynamic"],
     "mhc_n4": ["--mhc", "sinkhorn"],
     "mhc_lite_n4": ["--mhc", "lite"],
+    "frac_static_m4": ["--frac-connections", "static"],
+    "frac_dynamic_m4": ["--frac-connections", "dynamic"],
+    "attn_res_full": ["--attn-res", "full"],
+    "attn_res_block": ["--attn-res", "block"],  # N = 4 groups: 1 layer each at 4, 3 at 12
     "mudd": ["--mudd"],
     "value_residual": ["--value-residual", "learnable"],
 }
@@ -65,7 +69,7 @@ def mac_share(flags, embed_dim, layers, context):
 
 def run(args):
     if args.quick:
-        depths = (2,)
+        depths = (4,)  # the smallest depth --attn-res-blocks 4 divides
         cfg = dict(vocab=500, context=32, batch=2, gen_batch=1, gen_context=8, gen_tokens=8)
         windows = dict(train=2, steps=1, warmup=1, gen=1)
         embed_dim = 32

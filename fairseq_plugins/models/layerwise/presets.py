@@ -53,8 +53,8 @@ for _size, _size_fn in SIZES.items():
 # connections in both stacks, which are pre-norm (the methods are defined for pre-norm stacks);
 # MUDD on the residual stream only (see options.validate). Value residual has no preset here:
 # this model's self-attention cannot take it (options.validate says why)
-LAYERWISE_DEPTH = {"hyper_connections": {}, "mhc": {}, "mhc_lite": {},
-                   "mudd": {"mudd_ways": "r"}}
+LAYERWISE_DEPTH = {"hyper_connections": {}, "mhc": {}, "mhc_lite": {}, "frac_connections": {},
+                   "attn_res": {}, "attn_res_block": {}, "mudd": {"mudd_ways": "r"}}
 for _name, _extra in LAYERWISE_DEPTH.items():
     for _size, _size_fn in SIZES.items():
         register_preset(f"{_name}_transformer{_size}", _size_fn, encoder_normalize_before=True,
