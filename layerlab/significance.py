@@ -10,12 +10,16 @@ together; with 3 seeds the seed part is coarse (a resample holds 1 to 3 distinct
 makes the interval wide rather than falsely narrow.
 
 Scores are recomputed from per-sentence sufficient statistics: exact match (1 per correct
-sentence) or BLEU (sacreBLEU's n-gram matches and totals and the lengths, summed over the drawn
-sentences and turned into corpus BLEU exactly as sacreBLEU's own paired bootstrap does).
+sentence), BLEU (sacreBLEU's n-gram matches and totals and the lengths, summed over the drawn
+sentences and turned into corpus BLEU exactly as sacreBLEU's own paired bootstrap does) or, for
+language models, bits per token (per test block: its negative log-likelihood in bits and its
+token count; the score of a set of blocks is the sum of the one over the sum of the other, lower
+is better).
 """
 import numpy as np
 
-METRICS = ("exact_match", "bleu")
+METRICS = ("exact_match", "bleu", "bits")
+DIGITS = {"exact_match": 2, "bleu": 2, "bits": 4}  # what the differences are rounded to
 
 
 def sentence_stats(metric, hypotheses, references):
@@ -41,6 +45,8 @@ def score(metric, stats):
     """The corpus score of the sentences whose statistics are the rows of ``stats``."""
     if metric == "exact_match":
         return 100.0 * stats[:, 0].mean()
+    if metric == "bits":
+        return float(stats[:, 0].sum() / stats[:, 1].sum())
     from sacrebleu.metrics import BLEU
 
     return BLEU()._compute_score_from_stats([int(x) for x in stats.sum(axis=0)]).score
@@ -67,6 +73,7 @@ def hierarchical_bootstrap(metric, row_runs, base_runs, replicates=1000, seed=0)
         diffs[b] = (np.mean([score(metric, r[sentences]) for r in row])
                     - np.mean([score(metric, r[sentences]) for r in base]))
     low, high = np.percentile(diffs, [2.5, 97.5])
-    return {"difference": round(float(observed), 2), "low": round(float(low), 2),
-            "high": round(float(high), 2), "larger_than_noise": bool(low > 0 or high < 0),
+    digits = DIGITS[metric]
+    return {"difference": round(float(observed), digits), "low": round(float(low), digits),
+            "high": round(float(high), digits), "larger_than_noise": bool(low > 0 or high < 0),
             "replicates": replicates}

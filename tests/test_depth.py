@@ -684,6 +684,10 @@ def test_seq2seq_each_stack_gets_its_own_connection():
 
 @pytest.mark.parametrize("extra,message", [
     (HC["static"], "add --encoder-normalize-before"),
+    (FRAC["frac_static"], "--frac-connections is defined for pre-norm stacks only"),
+    (["--encoder-normalize-before"] + ATTN_RES["attn_res"],
+     "--attn-res is defined for pre-norm stacks only and the decoder is post-norm: add "
+     "--decoder-normalize-before"),
     (["--encoder-normalize-before"] + HC["static"], "add --decoder-normalize-before"),
     (PRE_NORM + VALUE["value_fixed"], "--value-residual is not available in layerwise"),
     (PRE_NORM + MUDD["mudd"], "use --mudd-ways r"),

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""The seeded language-modelling comparison of the depth connections (docs/ideas/comparison.md).
+
+    python scripts/experiments/lm_depth_comparison.py [--data data-bin/wikitext-2]
+        [--out-dir outputs/lm-depth] [--rows baseline,dwa,...] [--depths 4,12] [--seeds 1,2,3]
+        [--updates 800] [--embed-dim 128]
+
+Every row is ``gpt_baseline_lm`` (or ``ar_encdec_lm`` with the same total number of blocks) at
+d = 128, 4 heads, trained with one recipe (context 128, batch 16, ``--updates`` updates of Adam,
+inverse-sqrt schedule), at every depth and seed. Each run is scored per test block (its negative
+log-likelihood in bits and its tokens, blocks of the context length, as ``fairseq-eval-lm``
+scores them), so that the comparison with the baseline is the hierarchical bootstrap of
+``layerlab.significance`` over test blocks and seeds together. A row whose parameters exceed the
+baseline's by more than 2% gets a matched-parameter baseline (the baseline with a wider FFN,
+``baseline_ffn<F>``) at that depth.
+
+Resumable: a finished run (``result.json`` in its folder) is skipped when the script runs again;
+an unfinished one is started again from scratch. Bad input (an unknown row, a missing data
+folder, a data folder whose dictionary differs from the one this output folder was started with)
+stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
+``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
+
+Data: ``python scripts/prepare/lm.py --dataset wikitext-2 --from ../shared/data/wikitext-2``
+(``data-bin/wikitext-2``, SentencePiece 8000).
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from layerlab import paths, runs, significance, stats
+
+BASELINE = "baseline"
+# row -> (architecture, flags); ar_encdec_lm rows use half the blocks per stack (same total)
+ROWS = {
+    BASELINE: ("gpt_baseline_lm", []),
+    "dwa": ("gpt_baseline_lm", ["--decoder-fusion", "--fusion-kind", "dwa"]),
+    "lrf": ("gpt_baseline_lm", ["--decoder-fusion"]),
+    "lrf_all_positions": ("gpt_baseline_lm", ["--decoder-fusion", "--fusion-reading",
+                                              "all-positions"]),
+    "hc_static": ("gpt_baseline_lm", ["--hyper-connections", "static"]),
+    "hc_dynamic": ("gpt_baseline_lm", ["--hyper-connections", "dynamic"]),
+    "mhc": ("gpt_baseline_lm", ["--mhc", "sinkhorn"]),
+    "mhc_lite": ("gpt_baseline_lm", ["--mhc", "lite"]),
+    "frac_connections": ("gpt_baseline_lm", ["--frac-connections", "dynamic"]),
+    "attn_res_full": ("gpt_baseline_lm", ["--attn-res", "full"]),
+    "attn_res_block": ("gpt_baseline_lm", ["--attn-res", "block", "--attn-res-blocks", "2"]),
+    "mudd": ("gpt_baseline_lm", ["--mudd"]),
+    "value_residual": ("gpt_baseline_lm", ["--value-residual", "learnable"]),
+    "ar_encdec": ("ar_encdec_lm", []),
+    "ar_encdec_bridge": ("ar_encdec_lm", ["--bridge", "fc"]),
+    "ar_encdec_transparent": ("ar_encdec_lm", ["--bridge", "transparent"]),
+    "ar_encdec_embedding_loss": ("ar_encdec_lm", ["--criterion", "lm_embedding_loss",
+                                                  "--embedding-loss", "mse"]),
+}
+# the bench rows (results/bench_depth_cpu.json) that measure a row's time and memory
+BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf", "hc_static": "hc_static_n4",
+              "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
+              "frac_connections": "frac_dynamic_m4", "attn_res_full": "attn_res_full",
+              "mudd": "mudd", "value_residual": "value_residual"}
+MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
+HEADS, CONTEXT, BATCH = 4, 128, 16
+
+
+class InputError(Exception):
+    """Bad input, found before anything trains."""
+
+
+def parse_list(text, kind=str):
+    return [kind(x) for x in text.split(",") if x]
+
+
+def sizes(arch, depth, embed_dim, ffn=None):
+    out = ["--embed-dim", embed_dim, "--layers", depth, "--attention-heads", HEADS]
+    if arch == "ar_encdec_lm":  # two stacks of half the blocks; its cross-attention's heads too
+        out = ["--embed-dim", embed_dim, "--layers", depth // 2, "--attention-heads", HEADS,
+               "--cross-attention-heads", HEADS]
+    return out + (["--ffn-embed-dim", ffn] if ffn else [])
+
+
+def row_spec(name, depth, embed_dim):
+    """(arch, model flags) of a row, matched baselines (``baseline_ffn<F>``) included."""
+    if name.startswith(f"{BASELINE}_ffn"):
+        return "gpt_baseline_lm", sizes("gpt_baseline_lm", depth, embed_dim,
+                                        int(name[len(BASELINE) + 4:]))
+    arch, flags = ROWS[name]
+    return arch, sizes(arch, depth, embed_dim) + flags
+
+
+def recipe_flags(updates):
+    return ["--task", "language_modeling", "--tokens-per-sample", CONTEXT,
+            "--sample-break-mode", "none", "--batch-size", BATCH, "--max-update", updates,
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, updates // 8),
+            "--clip-norm", "1.0", "--dropout", "0.1", "--weight-decay", "0.01",
+            "--no-epoch-checkpoints", "--disable-validation",
+            "--log-interval", max(1, updates // 20)]
+
+
+def parameters(arch, flags, dictionary):
+    from fairseq_plugins.inprocess import build_language_model
+
+    model, _, _ = build_language_model(arch, [*flags, "--tokens-per-sample", CONTEXT],
+                                       dictionary)
+    return sum(p.numel() for p in model.parameters())
+
+
+def matched_ffn(target, depth, embed_dim, dictionary):
+    """The FFN width whose baseline has the parameters closest to ``target`` (the count is
+    linear in the width: two builds give the line)."""
+    low, high = 4 * embed_dim, 8 * embed_dim
+    counts = [parameters("gpt_baseline_lm", sizes("gpt_baseline_lm", depth, embed_dim, ffn),
+                         dictionary) for ffn in (low, high)]
+    per_unit = (counts[1] - counts[0]) / (high - low)
+    return max(1, round(low + (target - counts[0]) / per_unit))
+
+
+def check_inputs(args):
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown:
+        raise InputError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROWS)}")
+    if BASELINE not in args.rows:
+        raise InputError(f"the rows must include {BASELINE} (every row is compared with it)")
+    data_dict = os.path.join(args.data, "dict.txt")
+    for needed in (data_dict, *(os.path.join(args.data, f"{s}.bin") for s in ("train",
+                                                                            "valid", "test"))):
+        if not os.path.isfile(needed):
+            raise InputError(f"{args.data}: no {os.path.basename(needed)}; prepare the data "
+                             "first (python scripts/prepare/lm.py --dataset wikitext-2 ...)")
+    with open(data_dict, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    stamp = os.path.join(args.out_dir, "dictionary.sha256")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            started = f.read().strip()
+        if started != digest:
+            raise InputError(f"{args.data} was prepared with another dictionary than the runs "
+                             f"in {args.out_dir} (dict.txt sha256 {digest[:12]}, the runs' "
+                             f"{started[:12]}): use that data or another --out-dir")
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(stamp, "w") as f:
+        f.write(digest + "\n")
+
+
+def score_blocks(checkpoint, data, subset):
+    """Per block of ``subset``: (NLL in bits, tokens), n_blocks x 2 (blocks of the context
+    length, each scored from its first token, as fairseq-eval-lm's default)."""
+    import torch
+
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides={"data": data})
+    model = models[0].eval()
+    task.load_dataset(subset)
+    dataset = task.dataset(subset)
+    pad = task.source_dictionary.pad()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(dataset), 32):
+            batch = dataset.collater([dataset[i] for i in range(start,
+                                                                min(start + 32, len(dataset)))])
+            logits = model(batch["net_input"]["src_tokens"])[0]
+            lprobs = torch.log_softmax(logits.float(), dim=-1)
+            target = batch["target"]
+            nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            mask = target.ne(pad)
+            out += [[float((nll[b] * mask[b]).sum()) / math.log(2), int(mask[b].sum())]
+                    for b in range(target.size(0))]
+    return np.array(out)
+
+
+def train_and_score(args, run_dir, row, depth, seed, recipe):
+    done = runs.load_result(run_dir, recipe)
+    if done is not None:
+        return done
+    runs.fresh_run_dir(run_dir)
+    arch, flags = row_spec(row, depth, args.embed_dim)
+    start = time.time()
+    log = os.path.join(run_dir, "train.log")
+    result = {"row": row, "depth": depth, "seed": seed, "recipe": recipe, "arch": arch,
+              "flags": flags}
+    try:
+        runs.run_logged(runs.train_command(args.data, run_dir, seed, [
+            "--arch", arch, *flags, *recipe_flags(args.updates)]), log)
+    except runs.StepError as e:
+        # a loss that became NaN / inf is a result of the row (reported as diverged), any
+        # other failure a bug to see
+        if "FloatingPointError" not in str(e) and "nan" not in str(e).lower():
+            raise
+        result.update(diverged=True, error=str(e)[-500:], valid_bits=None, test_bits=None,
+                      valid_ppl=None, test_ppl=None, params=None)
+        return runs.save_result(run_dir, result)
+    checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
+    losses = []
+    with open(log) as f:
+        for line in f:
+            if '"loss"' in line and "{" in line:
+                losses.append(float(json.loads(line[line.index("{"):])["loss"]))
+    result.update(params=runs.count_params(checkpoint),
+                  train_seconds=round(time.time() - start, 1), train_losses=losses)
+    for subset in ("valid", "test"):
+        blocks = score_blocks(checkpoint, args.data, subset)
+        np.save(os.path.join(run_dir, f"{subset}_blocks.npy"), blocks)
+        result[f"{subset}_bits"] = round(significance.score("bits", blocks), 5)
+        result[f"{subset}_ppl"] = round(2 ** result[f"{subset}_bits"], 3)
+    result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
+    for name in os.listdir(run_dir):  # the checkpoint is not kept (tens of MB per run)
+        if name.endswith(".pt"):
+            os.remove(os.path.join(run_dir, name))
+    return runs.save_result(run_dir, result)
+
+
+def bench_ratios():
+    path = os.path.join(paths.RESULTS, "bench_depth_cpu.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f).get("depths", {})
+
+
+def summarise(args, results, plan):
+    bench = bench_ratios()
+    report = {"data": args.data, "updates": args.updates, "embed_dim": args.embed_dim,
+              "seeds": args.seeds, "depths": {}}
+    lines = [f"gpt_baseline_lm rows at d={args.embed_dim}, context {CONTEXT}, batch {BATCH}, "
+             f"{args.updates} updates, seeds {','.join(map(str, args.seeds))}; bits per token "
+             "on the test blocks (mean ± sample std over seeds); Δ vs the baseline with the 95% "
+             "interval of the hierarchical bootstrap over test blocks and seeds; time and memory: "
+             "results/bench_depth_cpu.json at the same depth (none: not benchmarked).", ""]
+    for depth in args.depths:
+        rows = [r for (d, r) in plan if d == depth]
+        base = [np.load(os.path.join(args.out_dir, f"d{depth}", BASELINE, f"seed{s}",
+                                     "test_blocks.npy")) for s in args.seeds]
+        table = {}
+        lines += [f"### {depth} blocks", "",
+                  "| row | params | valid bits | test bits | test ppl | Δ test bits [95%] | "
+                  "beyond noise | time | memory |", "|---|---:|---:|---:|---:|---:|:-:|---:|---:|"]
+        for row in rows:
+            done = [results[(depth, row, s)] for s in args.seeds]
+            valid = stats.mean_std([r["valid_bits"] for r in done])
+            test = stats.mean_std([r["test_bits"] for r in done])
+            entry = {"params": next((r["params"] for r in done if r["params"]), None),
+                     "valid_bits": valid, "test_bits": test,
+                     "test_ppl": stats.mean_std([r["test_ppl"] for r in done]),
+                     "diverged": [r["seed"] for r in done if r["diverged"]]}
+            if row != BASELINE and not entry["diverged"]:
+                entry["vs_baseline"] = significance.hierarchical_bootstrap(
+                    "bits", [np.load(os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}",
+                                                  "test_blocks.npy")) for s in args.seeds], base)
+            measured = bench.get(str(depth), {}).get(BENCH_ROWS.get(row, ""), {})
+            entry["train_time_ratio"] = measured.get("train_time_ratio")
+            entry["memory_growth_ratio"] = measured.get("memory_growth_ratio")
+            table[row] = entry
+            diff = entry.get("vs_baseline")
+            lines.append(
+                f"| {row} | {entry['params'] or 0:,} | {stats.fmt(*valid, digits=4)} | "
+                f"{stats.fmt(*test, digits=4)} | {stats.fmt(*entry['test_ppl'], digits=1)} | "
+                + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
+                   f"{'yes' if diff['larger_than_noise'] else 'no'}" if diff else
+                   (f"diverged (seeds {entry['diverged']}) | —" if entry["diverged"]
+                    else "— | —"))
+                + f" | {entry['train_time_ratio'] or '—'} | {entry['memory_growth_ratio'] or '—'} |")
+        lines.append("")
+        report["depths"][str(depth)] = table
+    return report, "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="data-bin/wikitext-2")
+    p.add_argument("--out-dir", default="outputs/lm-depth")
+    p.add_argument("--rows", type=parse_list, default=list(ROWS))
+    p.add_argument("--depths", type=lambda t: parse_list(t, int), default=[4, 12])
+    p.add_argument("--seeds", type=lambda t: parse_list(t, int), default=[1, 2, 3])
+    p.add_argument("--updates", type=int, default=800)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--no-matched-baselines", action="store_true")
+    p.add_argument("--results-name", help="also copy the tables to results/NAME.{json,md}")
+    args = p.parse_args(argv)
+    try:
+        check_inputs(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary.load(os.path.join(args.data, "dict.txt"))
+    plan = []
+    for depth in args.depths:
+        if "attn_res_block" in args.rows and depth % 2:
+            print(f"error: attn_res_block uses 2 groups: depth {depth} is odd", file=sys.stderr)
+            return 2
+        plan += [(depth, row) for row in args.rows]
+        if args.no_matched_baselines:
+            continue
+        base = parameters(*row_spec(BASELINE, depth, args.embed_dim), dictionary)
+        for row in args.rows:
+            extra = parameters(*row_spec(row, depth, args.embed_dim), dictionary) / base - 1
+            if extra > MATCH_ABOVE:
+                matched = (f"{BASELINE}_ffn"
+                           f"{matched_ffn(base * (1 + extra), depth, args.embed_dim, dictionary)}")
+                if (depth, matched) not in plan:
+                    plan.append((depth, matched))
+    results = {}
+    total = len(plan) * len(args.seeds)
+    for index, ((depth, row), seed) in enumerate(
+            ((entry, seed) for entry in plan for seed in args.seeds)):
+        run_dir = os.path.join(args.out_dir, f"d{depth}", row, f"seed{seed}")
+        # as JSON stores it (a finished run's recipe is compared with this one)
+        recipe = json.loads(json.dumps({
+            "updates": args.updates, "embed_dim": args.embed_dim, "context": CONTEXT,
+            "batch": BATCH, "spec": row_spec(row, depth, args.embed_dim),
+            "recipe": recipe_flags(args.updates)}))
+        print(f"[{index + 1}/{total}] {row} at {depth} blocks, seed {seed}", file=sys.stderr,
+              flush=True)
+        results[(depth, row, seed)] = train_and_score(args, run_dir, row, depth, seed, recipe)
+    report, table = summarise(args, results, plan)
+    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
+        f.write(table + "\n")
+    if args.results_name:
+        for ext in ("json", "md"):
+            shutil.copy(os.path.join(args.out_dir, f"results.{ext}"),
+                        os.path.join(paths.RESULTS, f"{args.results_name}.{ext}"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

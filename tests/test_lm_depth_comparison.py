@@ -1,0 +1,70 @@
+"""scripts/experiments/lm_depth_comparison.py: bad input stops before anything trains; a tiny
+comparison runs end to end (matched baseline, per-block scores, the bootstrap against the
+baseline); finished runs are not trained again, an interrupted one is."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from layerlab import paths
+
+comparison = paths.load_script("experiments", "lm_depth_comparison.py")
+TINY = ["--depths", "2", "--seeds", "1", "--updates", "2", "--embed-dim", "16"]
+
+
+@pytest.mark.parametrize("rows,message", [
+    ("baseline,hc_sideways", "unknown row(s) hc_sideways; known: baseline, dwa"),
+    ("dwa", "the rows must include baseline"),
+])
+def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsys, rows, message):
+    out = tmp_path / "out"
+    assert comparison.main(["--data", str(lm_bin), "--out-dir", str(out), "--rows", rows]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert comparison.main(["--data", str(tmp_path / "nowhere"), "--out-dir", str(out)]) == 2
+    assert "no dict.txt; prepare the data first" in capsys.readouterr().err
+    assert not out.exists()
+    out.mkdir()
+    (out / "dictionary.sha256").write_text("0" * 64 + "\n")  # runs made with another dictionary
+    assert comparison.main(["--data", str(lm_bin), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "was prepared with another dictionary than the runs in" in err
+    assert not (out / "d4").exists()
+
+
+def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, tmp_path):
+    out = tmp_path / "out"
+    argv = ["--data", str(lm_bin), "--out-dir", str(out), "--rows", "baseline,lrf", *TINY]
+    assert comparison.main(argv) == 0
+    report = json.loads((out / "results.json").read_text())
+    rows = report["depths"]["2"]
+    # LRF adds 4 d^2 per block (> 2%): a baseline with a wider FFN matches its parameters
+    matched = [r for r in rows if r.startswith("baseline_ffn")]
+    assert len(matched) == 1
+    assert abs(rows[matched[0]]["params"] / rows["lrf"]["params"] - 1) < 0.02
+    assert rows["baseline"]["params"] < rows["lrf"]["params"]
+    run = out / "d2" / "lrf" / "seed1"
+    blocks = np.load(run / "test_blocks.npy")
+    assert blocks.shape[1] == 2 and (blocks[:, 1] > 0).all()
+    result = json.loads((run / "result.json").read_text())
+    assert result["test_bits"] == pytest.approx(blocks[:, 0].sum() / blocks[:, 1].sum(), abs=1e-4)
+    assert 0 < result["test_bits"] < np.log2(40)  # a 30-piece vocabulary, barely trained
+    vs = rows["lrf"]["vs_baseline"]
+    assert vs["low"] <= vs["difference"] <= vs["high"]
+    assert vs["difference"] == pytest.approx(rows["lrf"]["test_bits"][0]
+                                             - rows["baseline"]["test_bits"][0], abs=1e-3)
+    assert "| lrf |" in (out / "results.md").read_text()
+    # finished runs are kept; an interrupted one (no result.json) is run again from scratch
+    kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
+    os.remove(run / "result.json")
+    shutil.copy(run / "train.log", run / "stale.log")
+    assert comparison.main(argv) == 0
+    assert (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns == kept
+    assert (run / "result.json").exists() and not (run / "stale.log").exists()
