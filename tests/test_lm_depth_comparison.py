@@ -41,7 +41,8 @@ def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsy
 
 def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, tmp_path):
     out = tmp_path / "out"
-    argv = ["--data", str(lm_bin), "--out-dir", str(out), "--rows", "baseline,lrf", *TINY]
+    argv = ["--data", str(lm_bin), "--out-dir", str(out), "--rows", "baseline,lrf,hc_static",
+            *TINY]
     assert comparison.main(argv) == 0
     report = json.loads((out / "results.json").read_text())
     rows = report["depths"]["2"]
@@ -61,6 +62,13 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert vs["difference"] == pytest.approx(rows["lrf"]["test_bits"][0]
                                              - rows["baseline"]["test_bits"][0], abs=1e-3)
     assert "| lrf |" in (out / "results.md").read_text()
+    # the first seed is analysed; Hyper-Connections report their Amax gain from the training log
+    analysis = json.loads((run / "analysis" / "analysis.json").read_text())
+    assert analysis and not any(p.suffix == ".pt" for p in run.iterdir())
+    gain = rows["hc_static"]["amax_gain"][0]
+    assert gain["amax_gain_forward"] >= 1.0 and gain["amax_gain_backward"] >= 1.0
+    assert rows["baseline"]["amax_gain"] == [None]
+    assert "Amax gain" in (out / "results.md").read_text()
     # finished runs are kept; an interrupted one (no result.json) is run again from scratch
     kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
     os.remove(run / "result.json")

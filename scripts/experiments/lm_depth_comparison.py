@@ -14,6 +14,11 @@ scores them), so that the comparison with the baseline is the hierarchical boots
 baseline's by more than 2% gets a matched-parameter baseline (the baseline with a wider FFN,
 ``baseline_ffn<F>``) at that depth.
 
+The first seed of every row is also analysed (``scripts/analyze_layers.py`` on 256 validation
+blocks: CKA across depth, logit lens, sub-layer update norms, the learned connection weights) into
+``analysis/`` of its run folder; the Hyper-Connections and mHC rows log the Amax gain of their
+composite stream mixing, kept as the last logged value. Checkpoints are deleted once scored.
+
 Resumable: a finished run (``result.json`` in its folder) is skipped when the script runs again;
 an unfinished one is started again from scratch. Bad input (an unknown row, a missing data
 folder, a data folder whose dictionary differs from the one this output folder was started with)
@@ -44,10 +49,11 @@ ROWS = {
     "lrf": ("gpt_baseline_lm", ["--decoder-fusion"]),
     "lrf_all_positions": ("gpt_baseline_lm", ["--decoder-fusion", "--fusion-reading",
                                               "all-positions"]),
-    "hc_static": ("gpt_baseline_lm", ["--hyper-connections", "static"]),
-    "hc_dynamic": ("gpt_baseline_lm", ["--hyper-connections", "dynamic"]),
-    "mhc": ("gpt_baseline_lm", ["--mhc", "sinkhorn"]),
-    "mhc_lite": ("gpt_baseline_lm", ["--mhc", "lite"]),
+    # --log-layer-weights: the Amax gain of the composite stream mixing in the training log
+    "hc_static": ("gpt_baseline_lm", ["--hyper-connections", "static", "--log-layer-weights"]),
+    "hc_dynamic": ("gpt_baseline_lm", ["--hyper-connections", "dynamic", "--log-layer-weights"]),
+    "mhc": ("gpt_baseline_lm", ["--mhc", "sinkhorn", "--log-layer-weights"]),
+    "mhc_lite": ("gpt_baseline_lm", ["--mhc", "lite", "--log-layer-weights"]),
     "frac_connections": ("gpt_baseline_lm", ["--frac-connections", "dynamic"]),
     "attn_res_full": ("gpt_baseline_lm", ["--attn-res", "full"]),
     "attn_res_block": ("gpt_baseline_lm", ["--attn-res", "block", "--attn-res-blocks", "2"]),
@@ -198,13 +204,22 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
                       valid_ppl=None, test_ppl=None, params=None)
         return runs.save_result(run_dir, result)
     checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
-    losses = []
+    losses, gains = [], {}
     with open(log) as f:
         for line in f:
             if '"loss"' in line and "{" in line:
-                losses.append(float(json.loads(line[line.index("{"):])["loss"]))
+                logged = json.loads(line[line.index("{"):])
+                losses.append(float(logged["loss"]))
+                gains.update({key.split("connection_")[-1]: float(value)
+                              for key, value in logged.items() if "amax_gain" in key})
     result.update(params=runs.count_params(checkpoint),
-                  train_seconds=round(time.time() - start, 1), train_losses=losses)
+                  train_seconds=round(time.time() - start, 1), train_losses=losses,
+                  amax_gain=gains or None)
+    if seed == args.seeds[0]:
+        runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoint,
+                         "--data", args.data, "--subset", "valid", "--max-sentences", 256,
+                         "--batch-size", 16, "--out-dir", os.path.join(run_dir, "analysis")],
+                        os.path.join(run_dir, "analysis.log"))
     for subset in ("valid", "test"):
         blocks = score_blocks(checkpoint, args.data, subset)
         np.save(os.path.join(run_dir, f"{subset}_blocks.npy"), blocks)
@@ -247,6 +262,7 @@ def summarise(args, results, plan):
             valid = stats.mean_std([r["valid_bits"] for r in done])
             test = stats.mean_std([r["test_bits"] for r in done])
             entry = {"params": next((r["params"] for r in done if r["params"]), None),
+                     "amax_gain": [r.get("amax_gain") for r in done],
                      "valid_bits": valid, "test_bits": test,
                      "test_ppl": stats.mean_std([r["test_ppl"] for r in done]),
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
@@ -267,6 +283,15 @@ def summarise(args, results, plan):
                    (f"diverged (seeds {entry['diverged']}) | —" if entry["diverged"]
                     else "— | —"))
                 + f" | {entry['train_time_ratio'] or '—'} | {entry['memory_growth_ratio'] or '—'} |")
+        gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
+        if gains:
+            lines += ["", "Amax gain of the composite stream mixing at the end of training "
+                      "(the last logged interval; forward / backward, per seed):", "",
+                      "| row | Amax gain |", "|---|---|"]
+            lines += [f"| {row} | " + "; ".join(
+                f"{g.get('amax_gain_forward', float('nan')):.3f} / "
+                f"{g.get('amax_gain_backward', float('nan')):.3f}" for g in seeds if g) + " |"
+                for row, seeds in gains.items()]
         lines.append("")
         report["depths"][str(depth)] = table
     return report, "\n".join(lines)
