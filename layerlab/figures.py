@@ -27,3 +27,67 @@ def seed_bars(summary, metric_label, out, title=None, key="arch"):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _weight_matrix(weights):
+    """{key: value} -> (matrix, row labels, column labels) when the keys index a matrix
+    (``k<i>_s<j>``: AttnRes's mean weight of sub-layer i on source j; ``averages.<i>.s<j>``:
+    DWA's; ``b<i>_lambda<j>``: value residual's), else None."""
+    import re
+
+    import numpy as np
+
+    cells = {}
+    for key, value in weights.items():
+        match = re.search(r"(?:k|averages\.|b)(\d+)[._](?:s|lambda)(\d+)$", key)
+        if match is None:
+            return None
+        cells[(int(match.group(1)), int(match.group(2)))] = value
+    rows = sorted({i for i, _ in cells})
+    cols = sorted({j for _, j in cells})
+    matrix = np.full((len(rows), len(cols)), np.nan)
+    for (i, j), value in cells.items():
+        matrix[rows.index(i), cols.index(j)] = value
+    return matrix, rows, cols
+
+
+def connection_weights(panels, out, title=None):
+    """One panel per (label, {weight name: value}): a heatmap where the names index a matrix
+    (per sub-layer or block, per source state: AttnRes, DWA, value residual), else a bar per
+    weight (Hyper-Connections' and mHC's read / write / keep weights, MUDD's static weights)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(label, weights) for label, weights in panels if weights]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
+    for ax, (label, weights) in zip(axes[:, 0], panels):
+        found = _weight_matrix(weights)
+        if found is not None:
+            matrix, rows, cols = found
+            image = ax.imshow(matrix, aspect="auto", cmap="viridis")
+            ax.set_yticks(range(len(rows)))
+            ax.set_yticklabels(rows, fontsize=6)
+            ax.set_xticks(range(len(cols)))
+            ax.set_xticklabels(cols, fontsize=6)
+            ax.set_xlabel("source (0: the embedding output)", fontsize=7)
+            ax.set_ylabel("sub-layer / block", fontsize=7)
+            fig.colorbar(image, ax=ax)
+        else:
+            names = list(weights)
+            ax.bar(range(len(names)), [weights[n] for n in names], color="#9ecae1",
+                   edgecolor="#3182bd")
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, rotation=90, fontsize=5)
+            ax.grid(axis="y", alpha=0.3)
+        ax.set_title(label, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True

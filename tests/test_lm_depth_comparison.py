@@ -69,6 +69,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert gain["amax_gain_forward"] >= 1.0 and gain["amax_gain_backward"] >= 1.0
     assert rows["baseline"]["amax_gain"] == [None]
     assert "Amax gain" in (out / "results.md").read_text()
+    assert (out / "weights_d2.png").stat().st_size > 0  # the learned connection weights
     # finished runs are kept; an interrupted one (no result.json) is run again from scratch
     kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
     os.remove(run / "result.json")

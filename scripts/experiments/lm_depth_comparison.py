@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from layerlab import paths, runs, significance, stats
+from layerlab import figures, paths, runs, significance, stats
 
 BASELINE = "baseline"
 # row -> (architecture, flags); ar_encdec_lm rows use half the blocks per stack (same total)
@@ -297,6 +297,27 @@ def summarise(args, results, plan):
     return report, "\n".join(lines)
 
 
+def weights_figure(args, plan, depth):
+    """The learned connection weights of every row's first seed (its analysis), one panel per
+    row and stack: ``weights_d<depth>.png`` in the output folder; False when no row has any."""
+    panels = []
+    for d, row in plan:
+        path = os.path.join(args.out_dir, f"d{d}", row, f"seed{args.seeds[0]}", "analysis",
+                            "analysis.json")
+        if d != depth or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            analysis = next(iter(json.load(f)["analyses"].values()))
+        for stack, weights in analysis.get("layer_weights", {}).get("depth_connections",
+                                                                     {}).items():
+            # one panel per kind of weight (AttnRes's per-source means; the Amax gains apart)
+            weights = {k.split(".", 1)[-1]: v for k, v in weights.items() if "amax" not in k}
+            panels.append((f"{row}: {stack} (seed {args.seeds[0]})", weights))
+    return figures.connection_weights(
+        panels, os.path.join(args.out_dir, f"weights_d{depth}.png"),
+        f"learned connection weights, {depth} blocks (after training, on validation blocks)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data-bin/wikitext-2")
@@ -347,6 +368,7 @@ def main(argv=None):
               flush=True)
         results[(depth, row, seed)] = train_and_score(args, run_dir, row, depth, seed, recipe)
     report, table = summarise(args, results, plan)
+    figures_made = [d for d in args.depths if weights_figure(args, plan, d)]
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(args.out_dir, "results.md"), "w") as f:
@@ -355,6 +377,9 @@ def main(argv=None):
         for ext in ("json", "md"):
             shutil.copy(os.path.join(args.out_dir, f"results.{ext}"),
                         os.path.join(paths.RESULTS, f"{args.results_name}.{ext}"))
+        for depth in figures_made:
+            shutil.copy(os.path.join(args.out_dir, f"weights_d{depth}.png"),
+                        os.path.join(paths.RESULTS, f"{args.results_name}_weights_d{depth}.png"))
     print(table)
     return 0
 
