@@ -13,6 +13,21 @@ def adam_inverse_sqrt(lr, max_tokens, max_update, warmup=200):
             "--log-interval", "100"]
 
 
+def lm_adam_inverse_sqrt(max_update, context, batch, lr="2e-3"):
+    """fairseq-train flags of the language-model comparison: ``language_modeling`` over
+    ``context``-token blocks (no sentence breaks), ``batch`` blocks per update, Adam (0.9, 0.98),
+    inverse-sqrt schedule warmed up over the first eighth, gradient clipping at 1, dropout 0.1,
+    weight decay 0.01 (the depth connections excluded by default), no validation, last
+    checkpoint only, a JSON record every twentieth of the run."""
+    return ["--task", "language_modeling", "--tokens-per-sample", context,
+            "--sample-break-mode", "none", "--batch-size", batch, "--max-update", max_update,
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", lr,
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, max_update // 8),
+            "--clip-norm", "1.0", "--dropout", "0.1", "--weight-decay", "0.01",
+            "--no-epoch-checkpoints", "--disable-validation",
+            "--log-interval", max(1, max_update // 20)]
+
+
 def linear_decay_exact_match(lr, max_tokens, max_update, validate_every, warmup=200,
                              max_output_len=64):
     """fairseq-train flags for a fixed budget that ends converged: Adam (0.9, 0.98), the learning

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from layerlab import figures, paths, runs, significance, stats
+from layerlab import fairseq_log, figures, paths, recipes, runs, significance, stats
 
 BASELINE = "baseline"
 # row -> (architecture, flags); ar_encdec_lm rows use half the blocks per stack (same total)
@@ -100,13 +100,7 @@ def row_spec(name, depth, embed_dim):
 
 
 def recipe_flags(updates):
-    return ["--task", "language_modeling", "--tokens-per-sample", CONTEXT,
-            "--sample-break-mode", "none", "--batch-size", BATCH, "--max-update", updates,
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, updates // 8),
-            "--clip-norm", "1.0", "--dropout", "0.1", "--weight-decay", "0.01",
-            "--no-epoch-checkpoints", "--disable-validation",
-            "--log-interval", max(1, updates // 20)]
+    return recipes.lm_adam_inverse_sqrt(updates, CONTEXT, BATCH)
 
 
 def parameters(arch, flags, dictionary):
@@ -205,13 +199,10 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
         return runs.save_result(run_dir, result)
     checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
     losses, gains = [], {}
-    with open(log) as f:
-        for line in f:
-            if '"loss"' in line and "{" in line:
-                logged = json.loads(line[line.index("{"):])
-                losses.append(float(logged["loss"]))
-                gains.update({key.split("connection_")[-1]: float(value)
-                              for key, value in logged.items() if "amax_gain" in key})
+    for logged in fairseq_log.records(log, "train_inner"):
+        losses.append(float(logged["loss"]))
+        gains.update({key.split("connection_")[-1]: float(value)
+                      for key, value in logged.items() if "amax_gain" in key})
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
                   amax_gain=gains or None)
