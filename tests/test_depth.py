@@ -283,6 +283,32 @@ def test_sinkhorn_values_and_gradient_are_those_of_the_plain_iterations(iteratio
     assert torch.autograd.gradcheck(lambda x: sinkhorn(x, iterations), (logits[:2, :1],))
 
 
+def test_hand_written_backward_passes_are_the_gradients_of_their_forward_passes():
+    """Hyper-Connections' / Frac-Connections' dynamic coefficients (LayerNorm folded into the
+    maps, recomputed in the backward pass) and AttnRes's weighted sum: gradcheck in float64, and
+    the coefficients equal the unfolded formula."""
+    from fairseq_plugins.depth.attn_res import _WeightedSum
+    from fairseq_plugins.depth.hyper_connections import _DynamicCoefficients
+
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    for streams in (4, 1):  # n streams, or one standing for n equal ones
+        x, weight, bias, static, scale = rand(3, 2, streams, 8), rand(6, 8), rand(6), \
+            rand(4, 6), rand(6)
+        got = _DynamicCoefficients.apply(x, weight, bias, static, scale)
+        normed = torch.nn.functional.layer_norm(x, (8,), eps=1e-5)
+        expected = static + scale * torch.tanh(normed @ weight.t() + bias)
+        torch.testing.assert_close(got, expected.expand(3, 2, 4, 6), rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(_DynamicCoefficients.apply,
+                                        (x, weight, bias, static, scale))
+    alpha = torch.softmax(rand(3, 2, 4), -1).detach().requires_grad_()
+    sources = [rand(3, 2, 5) for _ in range(4)]
+    assert torch.autograd.gradcheck(_WeightedSum.apply, (alpha, *sources))
+
+
 def test_mhc_lite_is_exactly_doubly_stochastic():
     model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc_lite"])
     model = _train_steps(model, steps=20)
