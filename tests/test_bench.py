@@ -40,7 +40,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     depth = report["parts"]["depth"]  # every method against the plain LM, its MAC share
     assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "hc_static_n4",
-                                             "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "mudd",
+                                             "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4",
+                                             "frac_static_m4", "frac_dynamic_m4",
+                                             "attn_res_full", "attn_res_block", "mudd",
                                              "value_residual"}
     lite = depth["ratios_vs_plain"]["mhc_lite_n4"]
     assert lite["train_time_ratio_vs_mhc"] == pytest.approx(
@@ -70,10 +72,13 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     targets = {t["target"]: t for t in report["targets"]}
     # 16 targets of the first wave + DWA's training time and transparent attention's vs the
     # bridge + the four of the depth connections (HC, value residual, MUDD, DWA in the LM) +
-    # fusion's memory with --fusion-recompute + mHC's time and mHC-lite's against mHC's
-    assert len(targets) == 25 and all(isinstance(t["met"], bool) for t in targets.values())
+    # fusion's memory with --fusion-recompute + mHC's time and mHC-lite's against mHC's +
+    # Frac-Connections' time and memory, AttnRes Full's and Block's time
+    assert len(targets) == 29 and all(isinstance(t["met"], bool) for t in targets.values())
     assert all(f"{row}: training time / the plain LM's" in targets
-               for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa", "mhc_n4"))
+               for row in ("hc_dynamic_n4", "value_residual", "mudd", "dwa", "mhc_n4",
+                           "frac_dynamic_m4", "attn_res_full", "attn_res_block"))
+    assert targets["frac_dynamic_m4: peak-memory growth / the plain LM's"]["required"] == "<= 1.02"
     assert targets["mhc_lite_n4: training time / mHC's"]["required"] == "<= 1.0"
     assert targets["transparent: training time / FC bridge's"]["required"] == "<= 1.0"
     assert targets["swapped: training time / transformer's"]["required"] == "<= 2.0"

@@ -69,6 +69,7 @@ ROWS = {
 BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf", "hc_static": "hc_static_n4",
               "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
               "frac_connections": "frac_dynamic_m4", "attn_res_full": "attn_res_full",
+              "attn_res_block": "attn_res_block",
               "mudd": "mudd", "value_residual": "value_residual"}
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
