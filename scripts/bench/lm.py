@@ -85,13 +85,18 @@ def worker(job):
     def build(name):
         return Bench(*job["models"][name], cfg, device, job["fp16"])
 
-    if job["mode"] == "memory":
-        bench = build(job["model"])
+    def memory(name):
+        bench = build(name)
         start = common.memory_start(device)
         for _ in range(w["warmup"] + w["steps"]):
             bench.train_step()
         return {"params_reference_count": bench.params,
                 "train_peak_memory_growth_mb": round(common.memory_peak_growth(device, start), 1)}
+
+    if job["mode"] == "memory":
+        return memory(job["model"])
+    if job["mode"] == "memory_each":  # quick smoke runs: every model in one process (the peaks
+        return {name: memory(name) for name in job["models"]}  # are not isolated: no numbers)
     if job["mode"] == "generate":
         bench = build(job["model"])
         times, outputs = {}, {}
