@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from .hyper_connections import statistics_dtype
+from .hyper_connections import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
 
 KINDS = ("none", "full", "block")
@@ -204,30 +204,29 @@ class AttentionResiduals(Connection):
             queries = self.queries * self.key_gains if k is None else \
                 (self.queries[k] * self.key_gains[k]).unsqueeze(0)
             stats = v.to(dtype)
-            mean_square = torch.linalg.vector_norm(stats, dim=-1, keepdim=True).square() \
-                / v.size(-1)
-            logits = F.linear(stats, queries.to(dtype)) * torch.rsqrt(mean_square + RMS_EPS)
+            logits = F.linear(stats, queries.to(dtype)) * torch.rsqrt(mean_square(stats)
+                                                                      + RMS_EPS)
         return logits.unbind(-1) if k is None else logits.squeeze(-1)
 
-    def _attend(self, sources: List[Tensor], logits: List, k: int) -> Tensor:
+    def _attend(self, sources: List[Tensor], logits: List[Tensor], k: int) -> Tensor:
         """sum_i alpha_i v_i with alpha = softmax_i(w_k . RMSNorm_k(v_i)): T x B x C, from the
-        sources' logits (each a tuple over the queries, or T x B for this query only). The
-        sources are combined one by one (no stacked copy, which autograd would keep per
-        sub-layer: O(K^2 C))."""
+        sources' logits for query k (T x B each). The sources are combined one by one (no
+        stacked copy, which autograd would keep per sub-layer: O(K^2 C))."""
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
-            alpha = torch.softmax(torch.stack(
-                [z[k] if isinstance(z, tuple) else z for z in logits], dim=-1), dim=-1)
+            alpha = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
         if self.log_weights or not self.training:
             self.mean_weights[k] = alpha.detach().flatten(0, -2).mean(0).float()
         return _WeightedSum.apply(alpha, *sources)
 
     def _sources(self, state: StackState, include_partial: bool, k: int):
-        """(sources, their logits) that query k attends: the completed sources, and the open
-        group's partial sum (its logits for query k only: it changes with every sub-layer)."""
+        """(sources, their logits for query k) that query k attends: the completed sources
+        (their logits computed when they completed), and the open group's partial sum (its
+        logit computed now: it changes with every sub-layer)."""
+        logits = [per_query[k] for per_query in state.scratch]
         if not include_partial:
-            return state.history, state.scratch
+            return state.history, logits
         partial = state.stream
-        return state.history + [partial], state.scratch + [self._logits(partial, k)]
+        return state.history + [partial], logits + [self._logits(partial, k)]
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, None]:
         first, _ = self.bounds[(block, sublayer)]
@@ -247,7 +246,8 @@ class AttentionResiduals(Connection):
         pass  # the sources are kept by write
 
     def finish(self, state: StackState) -> Tensor:
-        return self._attend(state.history, state.scratch, len(self.sites))
+        k = len(self.sites)
+        return self._attend(*self._sources(state, False, k), k)
 
     def view(self, state: StackState) -> Tensor:
         """The readout's attention over the sources so far (the group's partial sum included

@@ -93,6 +93,12 @@ def statistics_dtype(stream: Tensor) -> torch.dtype:
     return torch.promote_types(stream.dtype, torch.float32)
 
 
+def mean_square(x: Tensor) -> Tensor:
+    """The mean of x^2 over the last dimension, keepdim (one reduction: the squared norm; the
+    connections' RMS and variance statistics, without a squared copy of x)."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.size(-1)
+
+
 class _DynamicCoefficients(torch.autograd.Function):
     """Hyper-Connections' dynamic coefficients with the LayerNorm folded into the maps:
 
@@ -126,8 +132,7 @@ class _DynamicCoefficients(torch.autograd.Function):
         dtype = statistics_dtype(x)
         stats = x.to(dtype)
         mean = stats.mean(-1, keepdim=True)
-        variance = (torch.linalg.vector_norm(stats, dim=-1, keepdim=True).square()
-                    / x.size(-1) - mean.square()).clamp_min(0)
+        variance = (mean_square(stats) - mean.square()).clamp_min(0)
         rstd = torch.rsqrt(variance + _DynamicCoefficients.EPS)
         _, y = _DynamicCoefficients._tanh(x, weight, bias, mean, rstd, dtype)
         ctx.save_for_backward(x, weight, bias, static, scale, mean, rstd, variance > 0)
@@ -284,6 +289,10 @@ class HyperConnections(MultiStream):
     name = "hyper_connections"
     flag, rate_flag = "--hyper-connections", "--hc-expansion-rate"
     readouts = READOUTS
+    # the dynamic part's initialisation (maps 0, scales 0.01, the norms (1, 0)): set by
+    # reset_parameters, and given to a static checkpoint loaded into the dynamic variant
+    DYNAMIC_INIT = {"norm_weight": 1.0, "norm_bias": 0.0, "dynamic_alpha": 0.0,
+                    "dynamic_beta": 0.0, "alpha_scale": 0.01, "beta_scale": 0.01}
 
     def __init__(self, layout: Layout, embed_dim: int, rate: int, dynamic: bool,
                  readout: str = "mean", reads: int = 1):
@@ -321,12 +330,8 @@ class HyperConnections(MultiStream):
             self.static_alpha[k, :, reads:] = torch.eye(n)
         self.static_beta.fill_(1.0)
         if self.dynamic:
-            self.norm_weight.fill_(1.0)
-            self.norm_bias.zero_()
-            self.dynamic_alpha.zero_()
-            self.dynamic_beta.zero_()
-            self.alpha_scale.fill_(0.01)
-            self.beta_scale.fill_(0.01)
+            for key, value in self.DYNAMIC_INIT.items():
+                getattr(self, key).fill_(value)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """A checkpoint of static Hyper-Connections into the dynamic variant: the dynamic part
@@ -348,15 +353,9 @@ class HyperConnections(MultiStream):
         if self.dynamic and f"{prefix}dynamic_alpha" not in state_dict:
             logger.info(f"{prefix}: a static {self.name} checkpoint, the dynamic part starts "
                         "at its initialisation")
-            for key in ("norm_weight", "norm_bias", "dynamic_alpha", "dynamic_beta",
-                        "alpha_scale", "beta_scale"):
-                state_dict[f"{prefix}{key}"] = self._initial(key)
-
-    def _initial(self, key: str) -> Tensor:
-        """The dynamic parameter ``key`` at its initialisation (maps 0, scales 0.01, norms (1, 0))."""
-        value = getattr(self, key).detach()
-        fill = {"norm_weight": 1.0, "alpha_scale": 0.01, "beta_scale": 0.01}.get(key, 0.0)
-        return torch.full_like(value, fill)
+            for key, value in self.DYNAMIC_INIT.items():
+                state_dict[f"{prefix}{key}"] = torch.full_like(getattr(self, key).detach(),
+                                                               value)
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n

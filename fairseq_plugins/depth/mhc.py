@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from .hyper_connections import MultiStream, statistics_dtype
+from .hyper_connections import MultiStream, mean_square, statistics_dtype
 from .interface import Layout, StackState
 
 logger = logging.getLogger(__name__)
@@ -290,8 +290,7 @@ class ManifoldHyperConnections(MultiStream):
             weight = weight.view(weight.size(0), self.streams, -1).sum(1)
         else:
             x = x.flatten(-2)
-        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.size(-1)
-        return F.linear(x, weight.to(x.dtype)) * torch.rsqrt(mean_square + RMS_EPS)
+        return F.linear(x, weight.to(x.dtype)) * torch.rsqrt(mean_square(x) + RMS_EPS)
 
     def coefficients(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
         """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
