@@ -71,6 +71,12 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert rows["baseline"]["amax_gain"] == [None]
     assert "Amax gain" in (out / "results.md").read_text()
     assert (out / "weights_d2.png").stat().st_size > 0  # the learned connection weights
+    # a report of what is finished so far trains nothing and says which seeds each row has
+    assert comparison.main([*argv, "--seeds", "1,2", "--report-only"]) == 0
+    assert not (out / "d2" / "baseline" / "seed2").exists()
+    partial = json.loads((out / "results.json").read_text())["depths"]["2"]
+    assert partial["mhc_lite"]["seeds"] == [1] and partial["mhc_lite"]["vs_baseline"] == vs
+    assert "| mhc_lite | 1 |" in (out / "results.md").read_text()
     # finished runs are kept; an interrupted one (no result.json) is run again from scratch
     kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
     os.remove(run / "result.json")

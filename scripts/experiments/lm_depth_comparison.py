@@ -20,7 +20,9 @@ blocks: CKA across depth, logit lens, sub-layer update norms, the learned connec
 composite stream mixing, kept as the last logged value. Checkpoints are deleted once scored.
 
 Resumable: a finished run (``result.json`` in its folder) is skipped when the script runs again;
-an unfinished one is started again from scratch. Bad input (an unknown row, a missing data
+an unfinished one is started again from scratch. Runs go seed by seed within a depth (every row at
+seed 1, then at seed 2, ...), and ``--report-only`` writes the tables of the runs finished so far
+(each row over the seeds it has) without training anything. Bad input (an unknown row, a missing data
 folder, a data folder whose dictionary differs from the one this output folder was started with)
 stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
@@ -238,38 +240,50 @@ def summarise(args, results, plan):
               "seeds": args.seeds, "depths": {}}
     lines = [f"gpt_baseline_lm rows at d={args.embed_dim}, context {CONTEXT}, batch {BATCH}, "
              f"{args.updates} updates, seeds {','.join(map(str, args.seeds))}; bits per token "
-             "on the test blocks (mean ± sample std over seeds); Δ vs the baseline with the 95% "
-             "interval of the hierarchical bootstrap over test blocks and seeds; time and memory: "
-             "results/bench_depth_cpu.json at the same depth (none: not benchmarked).", ""]
+             "on the test blocks (mean ± sample std over the row's finished seeds); Δ vs the "
+             "baseline with the 95% interval of the hierarchical bootstrap over test blocks and "
+             "seeds (with one seed per row it covers the test blocks only, not the seed spread); "
+             "time and memory: results/bench_depth_cpu.json at the same depth (none: not "
+             "benchmarked).", ""]
+
+    def finished(depth, row):  # the seeds of a row that have a result (all, unless partial)
+        return [s for s in args.seeds if (depth, row, s) in results]
+
+    def blocks(depth, row):
+        return [np.load(os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}",
+                                     "test_blocks.npy")) for s in finished(depth, row)]
+
     for depth in args.depths:
-        rows = [r for (d, r) in plan if d == depth]
-        base = [np.load(os.path.join(args.out_dir, f"d{depth}", BASELINE, f"seed{s}",
-                                     "test_blocks.npy")) for s in args.seeds]
+        rows = [r for (d, r) in plan if d == depth and finished(d, r)]
+        if not rows:
+            continue
+        base = blocks(depth, BASELINE)
         table = {}
         lines += [f"### {depth} blocks", "",
-                  "| row | params | valid bits | test bits | test ppl | Δ test bits [95%] | "
-                  "beyond noise | time | memory |", "|---|---:|---:|---:|---:|---:|:-:|---:|---:|"]
+                  "| row | seeds | params | valid bits | test bits | test ppl | Δ test bits [95%] | "
+                  "beyond noise | time | memory |",
+                  "|---|---|---:|---:|---:|---:|---:|:-:|---:|---:|"]
         for row in rows:
-            done = [results[(depth, row, s)] for s in args.seeds]
+            done = [results[(depth, row, s)] for s in finished(depth, row)]
             valid = stats.mean_std([r["valid_bits"] for r in done])
             test = stats.mean_std([r["test_bits"] for r in done])
             entry = {"params": next((r["params"] for r in done if r["params"]), None),
                      "amax_gain": [r.get("amax_gain") for r in done],
                      "valid_bits": valid, "test_bits": test,
                      "test_ppl": stats.mean_std([r["test_ppl"] for r in done]),
+                     "seeds": finished(depth, row),
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
-            if row != BASELINE and not entry["diverged"]:
+            if row != BASELINE and not entry["diverged"] and base:
                 entry["vs_baseline"] = significance.hierarchical_bootstrap(
-                    "bits", [np.load(os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}",
-                                                  "test_blocks.npy")) for s in args.seeds], base)
+                    "bits", blocks(depth, row), base)
             measured = bench.get(str(depth), {}).get(BENCH_ROWS.get(row, ""), {})
             entry["train_time_ratio"] = measured.get("train_time_ratio")
             entry["memory_growth_ratio"] = measured.get("memory_growth_ratio")
             table[row] = entry
             diff = entry.get("vs_baseline")
             lines.append(
-                f"| {row} | {entry['params'] or 0:,} | {stats.fmt(*valid, digits=4)} | "
-                f"{stats.fmt(*test, digits=4)} | {stats.fmt(*entry['test_ppl'], digits=1)} | "
+                f"| {row} | {','.join(map(str, entry['seeds']))} | {entry['params'] or 0:,} | "
+                f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*test, digits=4)} | {stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
                    f"{'yes' if diff['larger_than_noise'] else 'no'}" if diff else
                    (f"diverged (seeds {entry['diverged']}) | —" if entry["diverged"]
@@ -321,6 +335,9 @@ def main(argv=None):
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--no-matched-baselines", action="store_true")
     p.add_argument("--results-name", help="also copy the tables to results/NAME.{json,md}")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: the tables of the runs finished so far (each row over "
+                        "the seeds it has)")
     args = p.parse_args(argv)
     try:
         check_inputs(args)
@@ -347,17 +364,24 @@ def main(argv=None):
                 if (depth, matched) not in plan:
                     plan.append((depth, matched))
     results = {}
-    total = len(plan) * len(args.seeds)
-    for index, ((depth, row), seed) in enumerate(
-            ((entry, seed) for entry in plan for seed in args.seeds)):
+    # seed by seed within a depth: a comparison stopped part-way has every row at the first
+    # seeds rather than some rows at every seed and others at none
+    order = [(depth, row, seed) for depth in args.depths for seed in args.seeds
+             for d, row in plan if d == depth]
+    for index, (depth, row, seed) in enumerate(order):
         run_dir = os.path.join(args.out_dir, f"d{depth}", row, f"seed{seed}")
         # as JSON stores it (a finished run's recipe is compared with this one)
         recipe = json.loads(json.dumps({
             "updates": args.updates, "embed_dim": args.embed_dim, "context": CONTEXT,
             "batch": BATCH, "spec": row_spec(row, depth, args.embed_dim),
             "recipe": recipe_flags(args.updates)}))
-        print(f"[{index + 1}/{total}] {row} at {depth} blocks, seed {seed}", file=sys.stderr,
-              flush=True)
+        if args.report_only:
+            done = runs.load_result(run_dir, recipe)
+            if done is not None:
+                results[(depth, row, seed)] = done
+            continue
+        print(f"[{index + 1}/{len(order)}] {row} at {depth} blocks, seed {seed}",
+              file=sys.stderr, flush=True)
         results[(depth, row, seed)] = train_and_score(args, run_dir, row, depth, seed, recipe)
     report, table = summarise(args, results, plan)
     figures_made = [d for d in args.depths if weights_figure(args, plan, d)]
