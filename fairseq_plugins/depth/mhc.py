@@ -138,59 +138,60 @@ def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
 
     Computed in the scaling form, the same iterates: after t iterations the matrix is
     diag(u) M diag(v) with v = 1 / (M^T u) (the columns' step) and u = 1 / (M v) (the rows'),
-    u starting at 1. Two batched matrix-vector products per iteration instead of two reductions
-    and two broadcast divisions of the whole matrix, and a hand-written backward
-    (:class:`_SinkhornScaling`) that gathers the gradient of M over all iterations in two
-    products: ~3x faster than autograd through the plain iterations on CPU (measured). The
+    u starting at 1, with a hand-written backward (:class:`_SinkhornScaling`) that gathers the
+    gradient of M over all iterations at the end. The matrices are laid out n x n x positions,
+    so that each matrix-vector product of an iteration is one elementwise product and one sum
+    over a leading dimension, vectorised over the positions (a batched product of thousands of
+    4 x 4 matrices is dominated by its per-matrix overhead on CPU: ~3x slower, measured). The
     gradient is the exact gradient of these t iterations (not the implicit one of the limit)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True).detach())
     shape = m.shape
-    return _SinkhornScaling.apply(m.reshape(-1, shape[-2], shape[-1]), iterations).view(shape)
+    m = m.reshape(-1, shape[-2], shape[-1]).permute(1, 2, 0).contiguous()
+    return _SinkhornScaling.apply(m, iterations).permute(2, 0, 1).reshape(shape)
 
 
 class _SinkhornScaling(torch.autograd.Function):
-    """M (N x n x n, positive) -> diag(u_t) M diag(v_t) after t iterations (see :func:`sinkhorn`).
+    """M (n x n x N, positive; N positions last) -> diag(u_t) M diag(v_t) after t iterations
+    (see :func:`sinkhorn`); u, v are n x N.
 
     Backward, with G the output's gradient and K = G * M: g_M = u v^T * G; g_u = K v,
     g_v = K^T u; then back through every step (u = 1/z, z = M v: g_z = -u^2 g_u, g_v += M^T g_z;
     v = 1/w, w = M^T u': g_w = -v^2 g_v, g_u' = M g_w), the outer products that each step adds to
-    g_M (g_z v^T and u' g_w^T) summed over the steps as two batched products at the end."""
+    g_M (g_z v^T and u' g_w^T) summed over the steps at the end."""
 
     @staticmethod
     def forward(ctx, m: Tensor, iterations: int) -> Tensor:
-        m_t = m.transpose(-1, -2).contiguous()
-        us, vs = [m.new_ones(m.size(0), m.size(1), 1)], []
+        us, vs = [m.new_ones(m.size(0), m.size(2))], []
         for _ in range(iterations):
-            vs.append(torch.bmm(m_t, us[-1]).reciprocal_())  # 1 / column sums of diag(u) M
-            us.append(torch.bmm(m, vs[-1]).reciprocal_())  # 1 / row sums of M diag(v)
-        ctx.save_for_backward(m, torch.cat(us, dim=-1), torch.cat(vs, dim=-1))
-        return us[-1] * m * vs[-1].transpose(-1, -2)
+            # M^T u: sum over the rows i of M[i, j] u[i]; M v: over the columns j
+            vs.append((m * us[-1].unsqueeze(1)).sum(0).reciprocal_())
+            us.append((m * vs[-1].unsqueeze(0)).sum(1).reciprocal_())
+        us, vs = torch.stack(us), torch.stack(vs)  # (t+1) x n x N, t x n x N
+        ctx.save_for_backward(m, us, vs)
+        return us[-1].unsqueeze(1) * m * vs[-1].unsqueeze(0)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        m, us, vs = ctx.saved_tensors  # N x n x n, N x n x (t+1), N x n x t
-        steps = vs.size(-1)
-        u, v = us[..., steps:], vs[..., steps - 1:]
+        m, us, vs = ctx.saved_tensors
+        steps = vs.size(0)
+        u, v = us[steps], vs[steps - 1]
         weighted = grad * m
-        grad_m = grad * u * v.transpose(-1, -2)
-        grad_u, direct_v = torch.bmm(weighted, v), torch.bmm(weighted.transpose(-1, -2), u)
-        m_t = m.transpose(-1, -2)
-        grad_z, grad_w = [], []
+        grad_m = grad * u.unsqueeze(1) * v.unsqueeze(0)
+        grad_u = (weighted * v.unsqueeze(0)).sum(1)
+        direct_v = (weighted * u.unsqueeze(1)).sum(0)  # only the last v reaches the output
+        neg_u2, neg_v2 = us.square().neg_(), vs.square().neg_()  # d(1/z)/dz = -(1/z)^2
+        grad_z, grad_w = torch.empty_like(vs), torch.empty_like(vs)  # per step, step 1 first
         for t in range(steps, 0, -1):
-            g_z = -us[..., t:t + 1].square() * grad_u  # u_t = 1 / (M v_t)
-            grad_v = torch.bmm(m_t, g_z)
-            if t == steps:  # only the last v reaches the output directly; earlier ones via u
-                grad_v = grad_v + direct_v
-            g_w = -vs[..., t - 1:t].square() * grad_v  # v_t = 1 / (M^T u_(t-1))
-            grad_u = torch.bmm(m, g_w)
-            grad_z.append(g_z)
-            grad_w.append(g_w)
-        # sum over the steps of g_z v_t^T and u_(t-1) g_w^T (steps in reverse order)
-        grad_z = torch.cat(grad_z[::-1], dim=-1)  # N x n x t, step 1 first
-        grad_w = torch.cat(grad_w[::-1], dim=-1)
-        grad_m = grad_m + torch.bmm(grad_z, vs.transpose(-1, -2))
-        grad_m = grad_m + torch.bmm(us[..., :steps], grad_w.transpose(-1, -2))
+            g_z = torch.mul(neg_u2[t], grad_u, out=grad_z[t - 1])  # u_t = 1 / (M v_t)
+            grad_v = (m * g_z.unsqueeze(1)).sum(0)
+            if t == steps:
+                grad_v += direct_v
+            g_w = torch.mul(neg_v2[t - 1], grad_v, out=grad_w[t - 1])  # v_t = 1 / (M^T u_(t-1))
+            grad_u = (m * g_w.unsqueeze(0)).sum(1)
+        # sum over the steps of g_z v_t^T and u_(t-1) g_w^T
+        grad_m += (grad_z.unsqueeze(2) * vs.unsqueeze(1)).sum(0)
+        grad_m += (us[:steps].unsqueeze(2) * grad_w.unsqueeze(1)).sum(0)
         return grad_m, None
 
 
