@@ -285,8 +285,10 @@ def test_sinkhorn_values_and_gradient_are_those_of_the_plain_iterations(iteratio
 
 def test_hand_written_backward_passes_are_the_gradients_of_their_forward_passes():
     """Hyper-Connections' / Frac-Connections' dynamic coefficients (LayerNorm folded into the
-    maps, recomputed in the backward pass) and AttnRes's weighted sum: gradcheck in float64, and
-    the coefficients equal the unfolded formula."""
+    maps, recomputed in the backward pass), AttnRes's weighted sum and mHC's maps of the
+    RMS-normalised streams: gradcheck in float64, and the folded forms equal the unfolded
+    formulas."""
+    from fairseq_plugins.depth import mhc
     from fairseq_plugins.depth.attn_res import _WeightedSum
     from fairseq_plugins.depth.hyper_connections import _DynamicCoefficients
 
@@ -307,6 +309,11 @@ def test_hand_written_backward_passes_are_the_gradients_of_their_forward_passes(
     alpha = torch.softmax(rand(3, 2, 4), -1).detach().requires_grad_()
     sources = [rand(3, 2, 5) for _ in range(4)]
     assert torch.autograd.gradcheck(_WeightedSum.apply, (alpha, *sources))
+    x, weight = rand(3, 2, 8), rand(5, 8)  # mHC's maps of the RMS-normalised streams
+    rms = x.square().mean(-1, keepdim=True).add(mhc.RMS_EPS).sqrt()
+    torch.testing.assert_close(mhc._RMSMaps.apply(x, weight), (x / rms) @ weight.t(),
+                               rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(mhc._RMSMaps.apply, (x, weight))
 
 
 def test_mhc_lite_is_exactly_doubly_stochastic():

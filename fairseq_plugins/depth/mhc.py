@@ -195,6 +195,31 @@ class _SinkhornScaling(torch.autograd.Function):
         return grad_m, None
 
 
+class _RMSMaps(torch.autograd.Function):
+    """(x ... x D, W m x D) -> (x W^T) r, r = 1 / sqrt(mean(x^2) + eps) per row: ... x m.
+
+    One GEMM and one reduction forward; the backward touches x (D wide) in one GEMM and one
+    fused multiply-add, where autograd through the norm makes four passes over it (measured:
+    ~1 ms per sub-layer of a 12-block d=128 LM, n = 4). With G the output's gradient and
+    P = x W^T: g_P = G r, g_W = g_P^T x, g_x = g_P W - (sum(G . P) r^3 / D) x."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:
+        products = F.linear(x, weight)
+        rstd = torch.rsqrt(mean_square(x) + RMS_EPS)
+        ctx.save_for_backward(x, weight, products, rstd)
+        return products * rstd
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        x, weight, products, rstd = ctx.saved_tensors
+        g_p = grad * rstd
+        g_weight = g_p.reshape(-1, g_p.size(-1)).t() @ x.reshape(-1, x.size(-1))
+        g_ms = (grad * products).sum(-1, keepdim=True) * rstd.pow(3) / x.size(-1)
+        return torch.addcmul(g_p @ weight, g_ms, x, value=-1), g_weight
+
+
 def permutation_matrices(n: int) -> Tensor:
     """The n! permutation matrices, n! x n x n, the identity first."""
     eye = torch.eye(n)
@@ -282,16 +307,16 @@ class ManifoldHyperConnections(MultiStream):
     def _mixes(self, stream: Tensor, weight: Tensor) -> Tensor:
         """x~ phi for the map ``weight`` (m x nC): ... x m, in float32 (float64 in a float64
         model). RMSNorm(x) phi = (x phi) / rms(x): the norm is applied to the m products, not
-        to the nC inputs (one reduction, no normalised copy of the streams). For n equal streams
-        (T x B x 1 x C) the flattened vector is n copies of x: its RMS is x's, and
-        x phi = x (sum of phi's n blocks)."""
+        to the nC inputs (one reduction, no normalised copy of the streams; :class:`_RMSMaps`).
+        For n equal streams (T x B x 1 x C) the flattened vector is n copies of x: its RMS is
+        x's, and x phi = x (sum of phi's n blocks)."""
         x = stream.to(statistics_dtype(stream))
         if x.size(-2) == 1:
             x = x.squeeze(-2)
             weight = weight.view(weight.size(0), self.streams, -1).sum(1)
         else:
             x = x.flatten(-2)
-        return F.linear(x, weight.to(x.dtype)) * torch.rsqrt(mean_square(x) + RMS_EPS)
+        return _RMSMaps.apply(x, weight.to(x.dtype))
 
     def coefficients(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
         """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
