@@ -5,9 +5,10 @@
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
 context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
-connection (fairseq_plugins.depth): training seconds per update (median of timed windows of
-forward + backward + Adam step, every model taking turns in one process, each in every slot of
-the rotation) and the peak memory growth of training (a process per model), with each method's
+connection (fairseq_plugins.depth): training seconds per update (timed windows of forward +
+backward + Adam step, every model taking turns in one process, each in every slot of the
+rotation; the time ratio is the median over the rounds of the two models' ratio within a round)
+and the peak memory growth of training (a process per model), with each method's
 multiply-accumulate model (its ``macs`` beside its module) as the share of the plain model's
 forward MACs per token. The worker is ``lm.py``'s. Ratios are the result; absolute numbers only
 mean something on a GPU.
@@ -68,6 +69,14 @@ def mac_share(flags, embed_dim, layers, context):
     return round(extra / plain, 4)
 
 
+def paired_ratio(model, baseline):
+    """The median over the rotation's rounds of the two models' time ratio in that round: the
+    machine's speed drifts over the minutes of a run, and a ratio of two medians taken over the
+    whole run carries that drift (run-to-run spread up to 0.1 at 12 blocks before)."""
+    return round(common.median([m / b for m, b in zip(model["train_seconds_per_round"],
+                                                      baseline["train_seconds_per_round"])]), 3)
+
+
 def run(args):
     if args.quick:
         depths = (2,)
@@ -77,7 +86,7 @@ def run(args):
     else:
         depths = (4, 12)
         cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
-        windows = dict(train=7, steps=2, warmup=2, gen=1)
+        windows = dict(train=len(METHODS), steps=2, warmup=2, gen=1)  # every model in every slot
         embed_dim = 128
     script = os.path.abspath(lm.__file__)
     report = {"benchmark": "depth", "device": args.device, "fp16": args.fp16,
@@ -98,13 +107,13 @@ def run(args):
         print(f"[bench] depth {layers}: training (interleaved in one process) ...",
               file=sys.stderr, flush=True)
         train = common.run_isolated(script, dict(job, mode="train"), args.threads)
-        base_time = train[BASELINE]["train_seconds_per_update"]
         base_mem = memory[BASELINE]["train_peak_memory_growth_mb"]
         rows = {}
         for name in models:
             rows[name] = {
                 "train_seconds_per_update": train[name]["train_seconds_per_update"],
-                "train_time_ratio": round(train[name]["train_seconds_per_update"] / base_time, 3),
+                "train_seconds_per_round": train[name]["train_seconds_per_round"],
+                "train_time_ratio": paired_ratio(train[name], train[BASELINE]),
                 "train_peak_memory_growth_mb": memory[name]["train_peak_memory_growth_mb"],
                 "memory_growth_ratio": (round(memory[name]["train_peak_memory_growth_mb"]
                                               / base_mem, 3) if base_mem > 0 else None),
@@ -112,9 +121,8 @@ def run(args):
                 "mac_share": mac_share(METHODS[name], embed_dim, layers, cfg["context"]),
             }
         # mHC-lite against mHC (Sinkhorn), both against the plain LM in the same process
-        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = round(
-            train["mhc_lite_n4"]["train_seconds_per_update"]
-            / train["mhc_n4"]["train_seconds_per_update"], 3)
+        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = paired_ratio(train["mhc_lite_n4"],
+                                                                      train["mhc_n4"])
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]

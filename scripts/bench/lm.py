@@ -120,8 +120,11 @@ def worker(job):
         for n in names[i % len(names):] + names[:i % len(names)]:  # each model in every slot
             times[n] += common.timed_windows(benches[n].train_step, 1, w["steps"], 0, device)
     tokens = cfg["batch"] * cfg["context"]
+    # per round too: a ratio of two models taken round by round cancels the machine's drift
+    # over the minutes of the run (what a ratio of the two medians does not)
     return {n: {"train_seconds_per_update": common.median(times[n]),
-                "train_tokens_per_second": tokens / common.median(times[n])} for n in names}
+                "train_tokens_per_second": tokens / common.median(times[n]),
+                "train_seconds_per_round": times[n]} for n in names}
 
 
 def parser():
