@@ -40,7 +40,8 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     assert seq2seq["ratios_vs_transformer"]["inverted"]["mac_model_ratio"] == 1.0
 
     depth = report["parts"]["depth"]  # every method against the plain LM, its MAC share
-    assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "hc_static_n4",
+    assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "lrf_all_positions",
+                                             "hc_static_n4",
                                              "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4",
                                              "frac_static_m4", "frac_dynamic_m4",
                                              "attn_res_full", "attn_res_block", "mudd",

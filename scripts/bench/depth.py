@@ -29,6 +29,7 @@ METHODS = {
     BASELINE: [],
     "dwa": ["--decoder-fusion", "--fusion-kind", "dwa"],
     "lrf": ["--decoder-fusion"],
+    "lrf_all_positions": ["--decoder-fusion", "--fusion-reading", "all-positions"],
     "hc_static_n4": ["--hyper-connections", "static"],
     "hc_dynamic_n4": ["--hyper-connections", "dynamic"],
     "mhc_n4": ["--mhc", "sinkhorn"],
@@ -58,8 +59,10 @@ def mac_share(flags, embed_dim, layers, context):
     extra = stack.connection.macs(embed_dim)
     for i, block in enumerate(model.decoder.layers):  # LRF: a sub-layer over the history
         if block.fuse_attn is not None:
+            # the all-positions reading: a causal token reads ~context/2 positions of each state
+            positions = context // 2 if block.fuse_attn.reading == "all-positions" else 1
             extra += block.fuse_attn.macs(embed_dim, block.fuse_attn.num_heads,
-                                          i + 1 - stack.fusion_first_state)
+                                          i + 1 - stack.fusion_first_state, positions=positions)
     value_residual = stack.value_residual
     if value_residual is not None:
         extra += value_residual.macs(embed_dim, layers)

@@ -33,6 +33,7 @@ Data: ``python scripts/prepare/lm.py --dataset wikitext-2 --from ../shared/data/
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -42,6 +43,10 @@ import time
 import numpy as np
 
 from layerlab import fairseq_log, figures, paths, recipes, runs, significance, stats
+
+# fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
+# configuring logging first keeps the progress lines readable
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 BASELINE = "baseline"
 # row -> (architecture, flags); ar_encdec_lm rows use half the blocks per stack (same total)
@@ -68,7 +73,8 @@ ROWS = {
                                                   "--embedding-loss", "mse"]),
 }
 # the bench rows (results/bench_depth_cpu.json) that measure a row's time and memory
-BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf", "hc_static": "hc_static_n4",
+BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
+              "lrf_all_positions": "lrf_all_positions", "hc_static": "hc_static_n4",
               "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
               "frac_connections": "frac_dynamic_m4", "attn_res_full": "attn_res_full",
               "attn_res_block": "attn_res_block",
