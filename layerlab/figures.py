@@ -86,7 +86,8 @@ def connection_weights(panels, out, title=None):
         ax.set_title(label, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    # keep a strip at the top for the title (tight_layout alone puts the first panel under it)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (2.6 * len(panels))) if title else None)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

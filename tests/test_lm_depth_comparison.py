@@ -54,10 +54,15 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     blocks = np.load(run / "test_blocks.npy")
     assert blocks.shape[1] == 2 and (blocks[:, 1] > 0).all()
     result = json.loads((run / "result.json").read_text())
+    assert result["code"].startswith("0.")  # the package version (and commit) that trained it
+    assert (out / "results.md").read_text().startswith("Written ")  # date, command, code
     assert result["test_bits"] == pytest.approx(blocks[:, 0].sum() / blocks[:, 1].sum(), abs=1e-4)
     assert 0 < result["test_bits"] < np.log2(40)  # a 30-piece vocabulary, barely trained
     vs = rows["mhc_lite"]["vs_baseline"]
     assert vs["low"] <= vs["difference"] <= vs["high"]
+    # one seed: the interval holds the test blocks' sampling only, so no verdict is given
+    assert vs["larger_than_noise"] is None
+    assert "| not judged (1 seed) |" in (out / "results.md").read_text()
     assert vs["difference"] == pytest.approx(rows["mhc_lite"]["test_bits"][0]
                                              - rows["baseline"]["test_bits"][0], abs=1e-3)
     assert "| mhc_lite |" in (out / "results.md").read_text()
