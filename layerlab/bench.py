@@ -149,6 +149,14 @@ def median(xs):
     return statistics.median(xs)
 
 
+def paired_ratio(model, baseline):
+    """The median over the rotation's rounds of two models' time ratio within a round (each a
+    worker's ``train_seconds_per_round``): the machine's speed drifts over the minutes of a run,
+    and a ratio of two medians taken over the whole run carries that drift."""
+    return round(median([m / b for m, b in zip(model["train_seconds_per_round"],
+                                               baseline["train_seconds_per_round"])]), 3)
+
+
 def bench_parser(description):
     """The options every benchmark script shares (its own are added by the caller)."""
     import argparse

@@ -72,14 +72,6 @@ def mac_share(flags, embed_dim, layers, context):
     return round(extra / plain, 4)
 
 
-def paired_ratio(model, baseline):
-    """The median over the rotation's rounds of the two models' time ratio in that round: the
-    machine's speed drifts over the minutes of a run, and a ratio of two medians taken over the
-    whole run carries that drift (run-to-run spread up to 0.1 at 12 blocks before)."""
-    return round(common.median([m / b for m, b in zip(model["train_seconds_per_round"],
-                                                      baseline["train_seconds_per_round"])]), 3)
-
-
 def run(args):
     if args.quick:
         depths = (2,)
@@ -116,7 +108,7 @@ def run(args):
             rows[name] = {
                 "train_seconds_per_update": train[name]["train_seconds_per_update"],
                 "train_seconds_per_round": train[name]["train_seconds_per_round"],
-                "train_time_ratio": paired_ratio(train[name], train[BASELINE]),
+                "train_time_ratio": common.paired_ratio(train[name], train[BASELINE]),
                 "train_peak_memory_growth_mb": memory[name]["train_peak_memory_growth_mb"],
                 "memory_growth_ratio": (round(memory[name]["train_peak_memory_growth_mb"]
                                               / base_mem, 3) if base_mem > 0 else None),
@@ -124,8 +116,8 @@ def run(args):
                 "mac_share": mac_share(METHODS[name], embed_dim, layers, cfg["context"]),
             }
         # mHC-lite against mHC (Sinkhorn), both against the plain LM in the same process
-        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = paired_ratio(train["mhc_lite_n4"],
-                                                                      train["mhc_n4"])
+        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
+            train["mhc_lite_n4"], train["mhc_n4"])
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]
