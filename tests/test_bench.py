@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from helpers import SCRIPTS
+from layerlab import paths
 
 RUN = os.path.join(SCRIPTS, "bench", "run.py")
 
@@ -45,7 +46,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
                                              "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4",
                                              "frac_static_m4", "frac_dynamic_m4",
                                              "attn_res_full", "attn_res_block", "mudd",
-                                             "value_residual"}
+                                             "value_residual", "ar_encdec", "ar_encdec_bridge",
+                                             "ar_encdec_transparent",
+                                             "ar_encdec_embedding_loss"}
     # time ratios: the median over the rotation's rounds of the ratio within a round
     rows = depth["ratios_vs_plain"]
     lite, plain = rows["mhc_lite_n4"], rows["plain"]
@@ -60,6 +63,14 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     assert depth["ratios_vs_plain"]["plain"]["mac_share"] == 0
     assert all(r["mac_share"] > 0 and r["train_time_ratio"] > 0
                for name, r in depth["ratios_vs_plain"].items() if name != "plain")
+    # ar_encdec_lm: its cross-attention beyond the plain blocks; a bridge adds its own MACs (the
+    # FC bridge a d x d product per encoder state, transparent attention a scaled vector), the
+    # embedding loss none
+    ar = {name[len("ar_encdec"):]: r["mac_share"] for name, r in rows.items()
+          if name.startswith("ar_encdec")}
+    assert ar["_bridge"] > ar["_transparent"] > ar[""] == ar["_embedding_loss"]
+    assert rows["ar_encdec_embedding_loss"]["params_reference_count"] > \
+        rows["ar_encdec"]["params_reference_count"]  # the loss's two LayerNorms
 
     lm = report["parts"]["lm"]
     assert set(lm["ratios_vs_gpt_baseline_lm"]) == {"ar_encdec_lm", "ar_encdec_lm_emb_mse"}
@@ -129,3 +140,11 @@ def test_quick_runs_never_write_over_the_committed_results():
         assert not os.path.abspath(path).startswith(results + os.sep), path
     # explicit paths still win
     assert _suite_paths("--quick", "--out", "x.json")[0][0] == "x.json"
+
+
+def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
+    depth = paths.load_script("bench", "depth.py")
+    assert depth.chosen_rows("mudd,ar_encdec") == ["plain", "mudd", "ar_encdec"]
+    assert depth.chosen_rows(None) == list(depth.METHODS)
+    with pytest.raises(SystemExit, match="unknown row.s. hc_sideways; known: plain, dwa"):
+        depth.chosen_rows("plain,hc_sideways")

@@ -82,10 +82,47 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     partial = json.loads((out / "results.json").read_text())["depths"]["2"]
     assert partial["mhc_lite"]["seeds"] == [1] and partial["mhc_lite"]["vs_baseline"] == vs
     assert "| mhc_lite | 1 |" in (out / "results.md").read_text()
+    # a diverged seed (here a made-up second seed of both rows) is named beside the row, and
+    # the scores and the test use the seeds that converged
+    for row in ("baseline", "mhc_lite"):
+        diverged = json.loads((out / "d2" / row / "seed1" / "result.json").read_text())
+        diverged.update(seed=2, diverged=True, valid_bits=None, test_bits=None, valid_ppl=None,
+                        test_ppl=None)
+        (out / "d2" / row / "seed2").mkdir()
+        (out / "d2" / row / "seed2" / "result.json").write_text(json.dumps(diverged))
+    assert comparison.main([*argv, "--seeds", "1,2", "--report-only"]) == 0
+    rows2 = json.loads((out / "results.json").read_text())["depths"]["2"]
+    assert rows2["mhc_lite"]["diverged"] == [2] and rows2["baseline"]["diverged"] == [2]
+    assert rows2["mhc_lite"]["test_bits"] == rows["mhc_lite"]["test_bits"]
+    assert rows2["mhc_lite"]["vs_baseline"] == vs
+    assert "| mhc_lite | 1,2 (2 diverged) |" in (out / "results.md").read_text()
+    shutil.rmtree(out / "d2" / "mhc_lite" / "seed1")  # every seed diverged: no scores, no test
+    (out / "d2" / "mhc_lite" / "seed1").mkdir()
+    (out / "d2" / "mhc_lite" / "seed1" / "result.json").write_text(json.dumps(dict(diverged,
+                                                                                  seed=1)))
+    assert comparison.main([*argv, "--seeds", "1,2", "--report-only"]) == 0
+    rows2 = json.loads((out / "results.json").read_text())["depths"]["2"]
+    assert rows2["mhc_lite"]["test_bits"] == [None, None]
+    assert "vs_baseline" not in rows2["mhc_lite"]
+    assert "| mhc_lite | 1,2 (1,2 diverged) |" in (out / "results.md").read_text()
+    assert "| diverged | — |" in (out / "results.md").read_text()
     # finished runs are kept; an interrupted one (no result.json) is run again from scratch
     kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
     os.remove(run / "result.json")
-    shutil.copy(run / "train.log", run / "stale.log")
+    (run / "stale.log").write_text("an interrupted run's leftovers")
     assert comparison.main(argv) == 0
     assert (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns == kept
     assert (run / "result.json").exists() and not (run / "stale.log").exists()
+
+
+def test_each_row_is_benchmarked_as_it_is_trained():
+    """The time and memory beside a row come from the bench row of the same model (the same
+    architecture, size and flags; the weight logging aside, which changes no computation)."""
+    depth = paths.load_script("bench", "depth.py")
+    assert set(comparison.BENCH_ROWS) == set(comparison.ROWS)
+    for row, bench_row in comparison.BENCH_ROWS.items():
+        arch, flags = comparison.row_spec(row, 12, 128)
+        bench_arch, bench_flags = depth.METHODS[bench_row]
+        assert arch == bench_arch, row
+        assert [str(f) for f in flags if f != "--log-layer-weights"] == \
+            depth.sizes(arch, 128, 12) + bench_flags, row

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Speed and memory of the depth connections in the decoder-only LM against the plain model.
 
-    python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--out results/bench_depth_cpu.json]
+    python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--rows plain,mudd,...]
+        [--out results/bench_depth_cpu.json]
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
 context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
-connection (fairseq_plugins.depth): training seconds per update (timed windows of forward +
+connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two stacks of
+half the blocks; plain, with the bridges over its encoder, with the embedding loss): training
+seconds per update (timed windows of forward +
 backward + Adam step, every model taking turns in one process, each in every slot of the
 rotation; the time ratio is the median over the rounds of the two models' ratio within a round)
 and the peak memory growth of training (a process per model), with each method's
 multiply-accumulate model (its ``macs`` beside its module) as the share of the plain model's
-forward MACs per token. The worker is ``lm.py``'s. Ratios are the result; absolute numbers only
+forward MACs per token. ``--rows`` measures a subset (the plain model always). The worker is
+``lm.py``'s. Ratios are the result; absolute numbers only
 mean something on a GPU.
 """
 import os
@@ -24,40 +28,65 @@ from layerlab import paths
 lm = paths.load_script("bench", "lm.py")
 
 BASELINE = "plain"
-# row -> flags of gpt_baseline_lm (the baseline: none)
+ARCH = "gpt_baseline_lm"
+# row -> (architecture, flags) at a given total depth; ar_encdec_lm rows have two stacks of half
+# the blocks (the WikiText-2 comparison's rows: the same total)
 METHODS = {
-    BASELINE: [],
-    "dwa": ["--decoder-fusion", "--fusion-kind", "dwa"],
-    "lrf": ["--decoder-fusion"],
-    "lrf_all_positions": ["--decoder-fusion", "--fusion-reading", "all-positions"],
-    "hc_static_n4": ["--hyper-connections", "static"],
-    "hc_dynamic_n4": ["--hyper-connections", "dynamic"],
-    "mhc_n4": ["--mhc", "sinkhorn"],
-    "mhc_lite_n4": ["--mhc", "lite"],
-    "frac_static_m4": ["--frac-connections", "static"],
-    "frac_dynamic_m4": ["--frac-connections", "dynamic"],
-    "attn_res_full": ["--attn-res", "full"],
+    BASELINE: (ARCH, []),
+    "dwa": (ARCH, ["--decoder-fusion", "--fusion-kind", "dwa"]),
+    "lrf": (ARCH, ["--decoder-fusion"]),
+    "lrf_all_positions": (ARCH, ["--decoder-fusion", "--fusion-reading", "all-positions"]),
+    "hc_static_n4": (ARCH, ["--hyper-connections", "static"]),
+    "hc_dynamic_n4": (ARCH, ["--hyper-connections", "dynamic"]),
+    "mhc_n4": (ARCH, ["--mhc", "sinkhorn"]),
+    "mhc_lite_n4": (ARCH, ["--mhc", "lite"]),
+    "frac_static_m4": (ARCH, ["--frac-connections", "static"]),
+    "frac_dynamic_m4": (ARCH, ["--frac-connections", "dynamic"]),
+    "attn_res_full": (ARCH, ["--attn-res", "full"]),
     # N = 2 groups (as the WikiText-2 comparison's row): 2 layers each at 4 blocks, 6 at 12
-    "attn_res_block": ["--attn-res", "block", "--attn-res-blocks", "2"],
-    "mudd": ["--mudd"],
-    "value_residual": ["--value-residual", "learnable"],
+    "attn_res_block": (ARCH, ["--attn-res", "block", "--attn-res-blocks", "2"]),
+    "mudd": (ARCH, ["--mudd"]),
+    "value_residual": (ARCH, ["--value-residual", "learnable"]),
+    "ar_encdec": ("ar_encdec_lm", []),
+    "ar_encdec_bridge": ("ar_encdec_lm", ["--bridge", "fc"]),
+    "ar_encdec_transparent": ("ar_encdec_lm", ["--bridge", "transparent"]),
+    # the criterion's extra work is part of what a training step costs
+    "ar_encdec_embedding_loss": ("ar_encdec_lm", ["--criterion", "lm_embedding_loss",
+                                                  "--embedding-loss", "mse"]),
 }
+HEADS = 4
 
 
-def sizes(embed_dim, layers, heads):
-    return ["--embed-dim", str(embed_dim), "--layers", str(layers), "--attention-heads", str(heads)]
+def sizes(arch, embed_dim, layers):
+    """Size flags of a row with ``layers`` blocks in all (ar_encdec_lm: half per stack)."""
+    if arch == "ar_encdec_lm":
+        return ["--embed-dim", str(embed_dim), "--layers", str(layers // 2),
+                "--attention-heads", str(HEADS), "--cross-attention-heads", str(HEADS)]
+    return ["--embed-dim", str(embed_dim), "--layers", str(layers), "--attention-heads", str(HEADS)]
 
 
-def mac_share(flags, embed_dim, layers, context):
-    """The method's forward MACs per token / the plain model's (its blocks and output layer),
-    from the methods' own MAC models."""
+def mac_share(arch, flags, embed_dim, layers, context):
+    """The row's forward MACs per token beyond the plain model's / the plain model's (its
+    blocks), from the methods' own MAC models; ar_encdec_lm: its decoder's cross-attention and
+    input projection, and the bridge over its encoder."""
     from fairseq_plugins.inprocess import build_language_model, make_dict
 
-    model, _, _ = build_language_model("gpt_baseline_lm", sizes(embed_dim, layers, 4) + [
+    model, _, _ = build_language_model(arch, sizes(arch, embed_dim, layers) + [
         "--tokens-per-sample", str(context), *flags], make_dict(16, "w"))
-    stack = model.decoder.depth
+    d, ffn = embed_dim, 4 * embed_dim
+    # per token: q/k/v/out projections, attention over ~context/2 positions, the MLP
+    plain = layers * (4 * d * d + d * context + 2 * d * ffn)
+    decoder = model.decoder
+    if arch == "ar_encdec_lm":
+        # each decoder block's cross-attention: its four projections and a causal read of
+        # ~context/2 encoder positions; one input projection; the bridge once per token
+        extra = len(decoder.layers) * (4 * d * d + d * context) + d * d
+        if decoder.bridge is not None:
+            extra += decoder.bridge.macs(d, decoder.bridge.num_states, len(decoder.layers), 1)
+        return round(extra / plain, 4)
+    stack = decoder.depth
     extra = stack.connection.macs(embed_dim)
-    for i, block in enumerate(model.decoder.layers):  # LRF: a sub-layer over the history
+    for i, block in enumerate(decoder.layers):  # LRF: a sub-layer over the history
         if block.fuse_attn is not None:
             # the all-positions reading: a causal token reads ~context/2 positions of each state
             positions = context // 2 if block.fuse_attn.reading == "all-positions" else 1
@@ -66,10 +95,19 @@ def mac_share(flags, embed_dim, layers, context):
     value_residual = stack.value_residual
     if value_residual is not None:
         extra += value_residual.macs(embed_dim, layers)
-    d, ffn = embed_dim, 4 * embed_dim
-    # per token: q/k/v/out projections, attention over ~context/2 positions, the MLP
-    plain = layers * (4 * d * d + d * context + 2 * d * ffn)
     return round(extra / plain, 4)
+
+
+def chosen_rows(rows):
+    """The rows to measure (``--rows``; the plain model always), in METHODS' order."""
+    if not rows:
+        return list(METHODS)
+    names = [r for r in rows.split(",") if r]
+    unknown = [r for r in names if r not in METHODS]
+    if unknown:
+        raise SystemExit(f"depth.py: unknown row(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(METHODS)}")
+    return [r for r in METHODS if r == BASELINE or r in names]
 
 
 def run(args):
@@ -81,16 +119,18 @@ def run(args):
     else:
         depths = (4, 12)
         cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
-        windows = dict(train=len(METHODS), steps=2, warmup=2, gen=1)  # every model in every slot
         embed_dim = 128
+    names = chosen_rows(args.rows)
+    if not args.quick:  # every model in every slot of the rotation
+        windows = dict(train=len(names), steps=2, warmup=2, gen=1)
     script = os.path.abspath(lm.__file__)
     report = {"benchmark": "depth", "device": args.device, "fp16": args.fp16,
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "embed_dim": embed_dim, "depths": {},
               "targets": common.describe_targets("depth")}
     for layers in depths:
-        models = {name: ("gpt_baseline_lm", sizes(embed_dim, layers, 4) + flags)
-                  for name, flags in METHODS.items()}
+        models = {name: (METHODS[name][0], sizes(METHODS[name][0], embed_dim, layers)
+                         + METHODS[name][1]) for name in names}
         job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                    windows=windows, models=models)
         print(f"[bench] depth {layers}: memory ...", file=sys.stderr, flush=True)
@@ -113,11 +153,11 @@ def run(args):
                 "memory_growth_ratio": (round(memory[name]["train_peak_memory_growth_mb"]
                                               / base_mem, 3) if base_mem > 0 else None),
                 "params_reference_count": memory[name]["params_reference_count"],
-                "mac_share": mac_share(METHODS[name], embed_dim, layers, cfg["context"]),
+                "mac_share": mac_share(*METHODS[name], embed_dim, layers, cfg["context"]),
             }
-        # mHC-lite against mHC (Sinkhorn), both against the plain LM in the same process
-        rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
-            train["mhc_lite_n4"], train["mhc_n4"])
+        if {"mhc_lite_n4", "mhc_n4"} <= set(rows):  # mHC-lite against mHC (Sinkhorn)
+            rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
+                train["mhc_lite_n4"], train["mhc_n4"])
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]
@@ -127,7 +167,8 @@ def run(args):
 def markdown_table(report):
     c = report["config"]
     lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
-             f"torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}, vocabulary "
+             f"torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']} (the ar_encdec "
+             "rows: ar_encdec_lm, two stacks of half the blocks), vocabulary "
              f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}. Ratios to the plain "
              "model in the same process; MAC share: the method's forward MACs per token over the "
              "plain blocks'.", "",
@@ -142,7 +183,10 @@ def markdown_table(report):
 
 
 def parser():
-    return common.bench_parser(__doc__.split("\n\n")[0])
+    p = common.bench_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--rows", help="comma-separated rows to measure (default: every row; the "
+                   f"plain model always): {', '.join(METHODS)}")
+    return p
 
 
 def main(argv=None):

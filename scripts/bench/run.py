@@ -8,12 +8,12 @@ baseline in the same run, the scaling curves, and the targets checked (JSON + ma
 Runs ``seq2seq.py`` (transformer vs fusion enc/dec/both, bridge, the three cross-attention
 variants: training tokens/s, beam-5 generation, peak memory), ``lm.py`` (gpt_baseline_lm vs
 ar_encdec_lm with and without the embedding loss; cached vs recomputed generation at context 200),
-``depth.py`` (the depth connections in gpt_baseline_lm against the plain model, at 4 and 12
-blocks) and ``scaling.py`` (time per update against length and depth, with the MAC model), then
-checks the targets of the architecture issues. Every figure is a ratio to a baseline measured in the
-same process; absolute numbers are printed but only mean something on a GPU. On a GPU, commit
-the JSON under its own name, e.g. ``--out results/bench_cuda_fp16.json``. No timing is ever
-asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
+``depth.py`` (the depth connections in gpt_baseline_lm and the ar_encdec_lm rows of the WikiText-2
+comparison against the plain model, at 4 and 12 blocks) and ``scaling.py`` (time per update
+against length and depth, with the MAC model), then checks the targets of the architecture
+issues. Every figure is a ratio to a baseline measured in the same process; absolute numbers are
+printed but only mean something on a GPU. On a GPU, commit the JSON under its own name, e.g.
+``--out results/bench_cuda_fp16.json``. No timing is ever asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
 ``--quick`` writes to ``build/bench-quick/`` unless told otherwise, never over ``results/``.
 """
 import os

@@ -72,13 +72,16 @@ ROWS = {
     "ar_encdec_embedding_loss": ("ar_encdec_lm", ["--criterion", "lm_embedding_loss",
                                                   "--embedding-loss", "mse"]),
 }
-# the bench rows (results/bench_depth_cpu.json) that measure a row's time and memory
+# the rows of scripts/bench/depth.py that measure a row's time and memory, and the committed
+# runs of it that hold them (each row in one of them)
 BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "lrf_all_positions": "lrf_all_positions", "hc_static": "hc_static_n4",
               "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
               "frac_connections": "frac_dynamic_m4", "attn_res_full": "attn_res_full",
               "attn_res_block": "attn_res_block",
-              "mudd": "mudd", "value_residual": "value_residual"}
+              "mudd": "mudd", "value_residual": "value_residual",
+              **{row: row for row in ROWS if row.startswith("ar_encdec")}}
+BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
 NOISE_VERDICT = {True: "yes", False: "no", None: "not judged (1 seed)"}
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
@@ -234,11 +237,15 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
 
 
 def bench_ratios():
-    path = os.path.join(paths.RESULTS, "bench_depth_cpu.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f).get("depths", {})
+    """{depth: {bench row: its measurement}} from the committed bench runs (BENCH_FILES)."""
+    out = {}
+    for name in BENCH_FILES:
+        path = os.path.join(paths.RESULTS, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                for depth, rows in json.load(f).get("depths", {}).items():
+                    out.setdefault(depth, {}).update(rows)
+    return out
 
 
 def summarise(args, results, plan):
@@ -254,15 +261,19 @@ def summarise(args, results, plan):
              "on the test blocks (mean ± sample std over the row's finished seeds); Δ vs the "
              "baseline with the 95% interval of the hierarchical bootstrap over test blocks and "
              "seeds (with one seed on either side it covers the test blocks only, not the seed "
-             "spread, and no verdict is given); time and memory: results/bench_depth_cpu.json "
-             "at the same depth (none: not benchmarked).", ""]
+             "spread, and no verdict is given); time and memory: scripts/bench/depth.py at the "
+             f"same depth ({' and '.join('results/' + n for n in BENCH_FILES)}; none: not "
+             "benchmarked).", ""]
 
     def finished(depth, row):  # the seeds of a row that have a result (all, unless partial)
         return [s for s in args.seeds if (depth, row, s) in results]
 
+    def converged(depth, row):  # a diverged seed has no scores to average or to test
+        return [s for s in finished(depth, row) if not results[(depth, row, s)]["diverged"]]
+
     def blocks(depth, row):
         return [np.load(os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}",
-                                     "test_blocks.npy")) for s in finished(depth, row)]
+                                     "test_blocks.npy")) for s in converged(depth, row)]
 
     for depth in args.depths:
         rows = [r for (d, r) in plan if d == depth and finished(d, r)]
@@ -277,20 +288,23 @@ def summarise(args, results, plan):
         for row in rows:
             seeds = finished(depth, row)
             done = [results[(depth, row, s)] for s in seeds]
-            valid = stats.mean_std([r["valid_bits"] for r in done])
-            test = stats.mean_std([r["test_bits"] for r in done])
+            # scores over the seeds that converged; the diverged ones are named beside them (a
+            # result of the row, not a missing run)
+            ok = [results[(depth, row, s)] for s in converged(depth, row)]
+            valid = stats.mean_std([r["valid_bits"] for r in ok])
+            test = stats.mean_std([r["test_bits"] for r in ok])
             entry = {"params": next((r["params"] for r in done if r["params"]), None),
                      "amax_gain": [r.get("amax_gain") for r in done],
                      "valid_bits": valid, "test_bits": test,
-                     "test_ppl": stats.mean_std([r["test_ppl"] for r in done]),
+                     "test_ppl": stats.mean_std([r["test_ppl"] for r in ok]),
                      "seeds": seeds,
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
-            if row != BASELINE and not entry["diverged"] and base:
+            if row != BASELINE and ok and base:
                 entry["vs_baseline"] = significance.hierarchical_bootstrap(
                     "bits", blocks(depth, row), base)
                 # with one seed on either side the interval holds the test blocks' sampling
                 # only, not the seed spread (the issue's ~0.03 bits): no verdict from it
-                if min(len(seeds), len(base)) < 2:
+                if min(len(ok), len(base)) < 2:
                     entry["vs_baseline"]["larger_than_noise"] = None
             measured = bench.get(str(depth), {}).get(BENCH_ROWS.get(row, ""), {})
             entry["train_time_ratio"] = measured.get("train_time_ratio")
@@ -298,13 +312,14 @@ def summarise(args, results, plan):
             table[row] = entry
             diff = entry.get("vs_baseline")
             lines.append(
-                f"| {row} | {','.join(map(str, seeds))} | {entry['params'] or 0:,} | "
+                f"| {row} | {','.join(map(str, seeds))}"
+                + (f" ({','.join(map(str, entry['diverged']))} diverged)" if entry["diverged"]
+                   else "") + f" | {entry['params'] or 0:,} | "
                 f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*test, digits=4)} | "
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
                    f"{NOISE_VERDICT[diff['larger_than_noise']]}" if diff else
-                   (f"diverged (seeds {entry['diverged']}) | —" if entry["diverged"]
-                    else "— | —"))
+                   ("diverged | —" if entry["diverged"] and not ok else "— | —"))
                 + f" | {entry['train_time_ratio'] or '—'} | {entry['memory_growth_ratio'] or '—'} |")
         gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
         if gains:
