@@ -92,3 +92,55 @@ def connection_weights(panels, out, title=None):
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return True
+
+
+def layer_profiles(rows, out, title=None):
+    """What the layers of several models hold, one line per model (label, the ``analyses``
+    entry of ``scripts/analyze_layers.py``'s JSON), three panels: the logit lens (bits per
+    token when each block's output in the decoder stack is read out by the final norm and the
+    output layer), the CKA between consecutive states of that stack, and the
+    relative norm of each block's update (its sub-layers' summed). False when no row has an
+    analysis."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [(label, a) for label, a in rows if a]
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colours = plt.get_cmap("tab20")
+    for k, (label, analysis) in enumerate(rows):
+        style = dict(color=colours(k % 20), marker="o", markersize=3, linewidth=1,
+                     linestyle="-" if k < 10 else "--", label=label)
+        lens = analysis["logit_lens"]  # from block 1's output (the embedding's is far off)
+        axes[0].plot(lens["layers"][1:], [n / math.log(2) for n in lens["cross_entropy"][1:]],
+                     **style)
+        side = "decoder" if "decoder" in analysis["cka"] else next(iter(analysis["cka"]))
+        cka = analysis["cka"][side]  # states x states
+        axes[1].plot(range(1, len(cka)), [cka[i - 1][i] for i in range(1, len(cka))], **style)
+        updates = analysis["updates"].get(side, {})
+        blocks = sorted(updates, key=int)
+        axes[2].plot([int(b) for b in blocks], [sum(updates[b].values()) for b in blocks],
+                     **style)
+    axes[0].set(xlabel="block whose output is read out", ylabel="bits per token",
+                title="logit lens")
+    axes[1].set(xlabel="block l (CKA of states l-1 and l)", ylabel="linear CKA",
+                title="similarity of consecutive states")
+    axes[2].set(xlabel="block", ylabel="sum over sub-layers of ||update|| / ||block input||",
+                title="update norms", yscale="log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True

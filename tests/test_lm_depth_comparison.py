@@ -76,6 +76,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert rows["baseline"]["amax_gain"] == [None]
     assert "Amax gain" in (out / "results.md").read_text()
     assert (out / "weights_d2.png").stat().st_size > 0  # the learned connection weights
+    assert (out / "layers_d2.png").stat().st_size > 0  # logit lens, CKA, update norms per row
     # a report of what is finished so far trains nothing and says which seeds each row has
     assert comparison.main([*argv, "--seeds", "1,2", "--report-only"]) == 0
     assert not (out / "d2" / "baseline" / "seed2").exists()

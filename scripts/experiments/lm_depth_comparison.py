@@ -335,17 +335,31 @@ def summarise(args, results, plan):
     return report, "\n".join(lines)
 
 
+def first_seed_analyses(args, plan, depth):
+    """[(row, its first seed's layer analysis)] of the rows at ``depth`` that have one."""
+    out = []
+    for d, row in plan:
+        path = os.path.join(args.out_dir, f"d{d}", row, f"seed{args.seeds[0]}", "analysis",
+                            "analysis.json")
+        if d == depth and os.path.exists(path):
+            with open(path) as f:
+                out.append((row, next(iter(json.load(f)["analyses"].values()))))
+    return out
+
+
+def layers_figure(args, plan, depth):
+    """What the layers of every row's first seed hold (logit lens, CKA of consecutive states,
+    update norms): ``layers_d<depth>.png`` in the output folder; False when no row has them."""
+    return figures.layer_profiles(
+        first_seed_analyses(args, plan, depth), os.path.join(args.out_dir, f"layers_d{depth}.png"),
+        f"what the layers hold, {depth} blocks (seed {args.seeds[0]}, 256 validation blocks)")
+
+
 def weights_figure(args, plan, depth):
     """The learned connection weights of every row's first seed (its analysis), one panel per
     row and stack: ``weights_d<depth>.png`` in the output folder; False when no row has any."""
     panels = []
-    for d, row in plan:
-        path = os.path.join(args.out_dir, f"d{d}", row, f"seed{args.seeds[0]}", "analysis",
-                            "analysis.json")
-        if d != depth or not os.path.exists(path):
-            continue
-        with open(path) as f:
-            analysis = next(iter(json.load(f)["analyses"].values()))
+    for row, analysis in first_seed_analyses(args, plan, depth):
         for stack, weights in analysis.get("layer_weights", {}).get("depth_connections",
                                                                      {}).items():
             # one panel per kind of weight (AttnRes's per-source means; the Amax gains apart)
@@ -418,7 +432,9 @@ def main(argv=None):
               file=sys.stderr, flush=True)
         results[(depth, row, seed)] = train_and_score(args, run_dir, row, depth, seed, recipe)
     report, table = summarise(args, results, plan)
-    figures_made = [d for d in args.depths if weights_figure(args, plan, d)]
+    figures_made = [(kind, d) for d in args.depths
+                    for kind, make in (("weights", weights_figure), ("layers", layers_figure))
+                    if make(args, plan, d)]
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(args.out_dir, "results.md"), "w") as f:
@@ -427,9 +443,9 @@ def main(argv=None):
         for ext in ("json", "md"):
             shutil.copy(os.path.join(args.out_dir, f"results.{ext}"),
                         os.path.join(paths.RESULTS, f"{args.results_name}.{ext}"))
-        for depth in figures_made:
-            shutil.copy(os.path.join(args.out_dir, f"weights_d{depth}.png"),
-                        os.path.join(paths.RESULTS, f"{args.results_name}_weights_d{depth}.png"))
+        for kind, depth in figures_made:
+            shutil.copy(os.path.join(args.out_dir, f"{kind}_d{depth}.png"),
+                        os.path.join(paths.RESULTS, f"{args.results_name}_{kind}_d{depth}.png"))
     print(table)
     return 0
 
