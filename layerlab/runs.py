@@ -85,14 +85,15 @@ def load_result(run_dir, recipe=None):
 
 def in_parallel(function, tasks, jobs):
     """``function(*task)`` for every task, ``jobs`` at a time (threads: each task's work runs in
-    subprocesses) -> yields ``(task, result)`` as they finish. A :class:`StepError` cancels the
-    tasks not started yet and is raised once the running ones have ended."""
+    subprocesses) -> yields ``(task, result)`` as they finish. A failed task (a
+    :class:`StepError` or any other exception) cancels the tasks not started yet, and its
+    exception is raised once the running ones have ended."""
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(function, *task): task for task in tasks}
         for future in concurrent.futures.as_completed(futures):
             try:
                 result = future.result()
-            except StepError:
+            except Exception:
                 for other in futures:
                     other.cancel()
                 raise

@@ -79,6 +79,14 @@ def test_in_parallel_yields_every_task_and_stops_at_a_failed_step():
     with pytest.raises(runs.StepError, match="step 0 failed"):
         list(runs.in_parallel(step, [(k,) for k in range(50)], 1))
     assert started == [0]  # the tasks not started yet were cancelled
+    started.clear()
+
+    def broken(k):  # any other failure (a bug) stops the queue as well
+        started.append(k)
+        raise ValueError(f"bug in task {k}")
+    with pytest.raises(ValueError, match="bug in task 0"):
+        list(runs.in_parallel(broken, [(k,) for k in range(50)], 1))
+    assert len(started) < 50
 
 
 def test_last_train_loss_falls_back_to_the_epoch_record(tmp_path):

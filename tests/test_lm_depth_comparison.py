@@ -26,6 +26,13 @@ def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsy
     assert not out.exists()
 
 
+def test_no_runs_at_a_time_is_refused(lm_bin, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert comparison.main(["--data", str(lm_bin), "--out-dir", str(out), "--jobs", "0"]) == 2
+    assert "--jobs 0: at least 1 run at a time" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsys):
     out = tmp_path / "out"
     assert comparison.main(["--data", str(tmp_path / "nowhere"), "--out-dir", str(out)]) == 2
@@ -42,7 +49,7 @@ def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsy
 def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, tmp_path):
     out = tmp_path / "out"
     argv = ["--data", str(lm_bin), "--out-dir", str(out), "--rows", "baseline,mhc_lite", *TINY]
-    assert comparison.main(argv) == 0
+    assert comparison.main([*argv, "--jobs", "2"]) == 0  # two runs at a time
     report = json.loads((out / "results.json").read_text())
     rows = report["depths"]["2"]
     # mHC-lite's maps read n C per sub-layer (> 2%): a baseline with a wider FFN matches them
@@ -55,6 +62,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert blocks.shape[1] == 2 and (blocks[:, 1] > 0).all()
     result = json.loads((run / "result.json").read_text())
     assert result["code"].startswith("0.")  # the package version (and commit) that trained it
+    assert result["threads"] == max(1, (os.cpu_count() or 1) // 2)
     assert (out / "results.md").read_text().startswith("Written ")  # date, command, code
     assert result["test_bits"] == pytest.approx(blocks[:, 0].sum() / blocks[:, 1].sum(), abs=1e-4)
     assert 0 < result["test_bits"] < np.log2(40)  # a 30-piece vocabulary, barely trained
