@@ -5,13 +5,16 @@
 # ar_encdec_lm plain / with the bridges / with its embedding loss, matched-parameter baselines)
 # at 4 and 12 blocks, 3 seeds, 800 updates. Resumable: finished runs (result.json) are skipped
 # when it is run again. Copies the tables to results/lm_depth_comparison_cpu.{json,md}.
-#   [WIKITEXT_FROM=DIR] [ROWS=a,b] [DEPTHS=4,12] [SEEDS=1,2,3] bash scripts/experiments/lm_depth_comparison.sh [OUT_ROOT]
-#   (OUT_ROOT default: outputs/lm-depth; WIKITEXT_FROM default: ../shared/data/wikitext-2)
-# About 5 hours at 4 blocks and 14 at 12 on an idle 2-core CPU.
+#   [WIKITEXT_FROM=DIR] [ROWS=a,b] [DEPTHS=4,12] [SEEDS=1,2,3] [JOBS=2]
+#       bash scripts/experiments/lm_depth_comparison.sh [OUT_ROOT]
+#   (OUT_ROOT default: outputs/lm-depth; WIKITEXT_FROM default: ../shared/data/wikitext-2;
+#   JOBS: runs trained at once, each with the cores / JOBS threads; default 2)
+# About 5 hours at 4 blocks and 14 at 12 on an idle 2-core CPU with one run at a time; ~15% less
+# with two 1-thread runs at a time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/lm-depth}
 python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
 python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
     --results-name lm_depth_comparison_cpu ${ROWS:+--rows "$ROWS"} ${DEPTHS:+--depths "$DEPTHS"} \
-    ${SEEDS:+--seeds "$SEEDS"}
+    ${SEEDS:+--seeds "$SEEDS"} --jobs "${JOBS:-2}"
