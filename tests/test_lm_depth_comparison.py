@@ -73,6 +73,11 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert "| not judged (1 seed) |" in (out / "results.md").read_text()
     assert vs["difference"] == pytest.approx(rows["mhc_lite"]["test_bits"][0]
                                              - rows["baseline"]["test_bits"][0], abs=1e-3)
+    # the same difference as a perplexity ratio (2^bits): mean perplexities' ratio, one seed
+    assert vs["ppl_ratio"]["difference"] == pytest.approx(
+        rows["mhc_lite"]["test_ppl"][0] / rows["baseline"]["test_ppl"][0], rel=2e-3)
+    assert f"| {100 * (vs['ppl_ratio']['difference'] - 1):+.1f}% |" in (
+        out / "results.md").read_text()
     assert "| mhc_lite |" in (out / "results.md").read_text()
     # the first seed is analysed; mHC reports its Amax gain from the training log (a product of
     # doubly stochastic matrices: 1)

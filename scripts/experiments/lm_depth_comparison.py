@@ -260,12 +260,14 @@ def summarise(args, results, plan):
     report = {"data": args.data, "updates": args.updates, "embed_dim": args.embed_dim,
               "seeds": args.seeds, "written": written, "depths": {}}
     lines = [written, "",
-             f"gpt_baseline_lm rows at d={args.embed_dim}, context {CONTEXT}, batch {BATCH}, "
+             f"gpt_baseline_lm (and ar_encdec_lm) rows at d={args.embed_dim}, context {CONTEXT}, "
+             f"batch {BATCH}, "
              f"{args.updates} updates, seeds {','.join(map(str, args.seeds))}; bits per token "
-             "on the test blocks (mean ± sample std over the row's finished seeds); Δ vs the "
+             "on the test blocks (mean ± sample std over the row's converged seeds); Δ vs the "
              "baseline with the 95% interval of the hierarchical bootstrap over test blocks and "
              "seeds (with one seed on either side it covers the test blocks only, not the seed "
-             "spread, and no verdict is given); time and memory: scripts/bench/depth.py at the "
+             "spread, and no verdict is given), and as the change of the perplexity "
+             "(2^Δ - 1); time and memory: scripts/bench/depth.py at the "
              f"same depth ({' and '.join('results/' + n for n in BENCH_FILES)}; none: not "
              "benchmarked).", ""]
 
@@ -287,8 +289,8 @@ def summarise(args, results, plan):
         table = {}
         lines += [f"### {depth} blocks", "",
                   "| row | seeds | params | valid bits | test bits | test ppl | "
-                  "Δ test bits [95%] | beyond noise | time | memory |",
-                  "|---|---|---:|---:|---:|---:|---:|:-:|---:|---:|"]
+                  "Δ test bits [95%] | test ppl vs baseline | beyond noise | time | memory |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|"]
         for row in rows:
             seeds = finished(depth, row)
             done = [results[(depth, row, s)] for s in seeds]
@@ -310,6 +312,10 @@ def summarise(args, results, plan):
                 # only, not the seed spread (the issue's ~0.03 bits): no verdict from it
                 if min(len(ok), len(base)) < 2:
                     entry["vs_baseline"]["larger_than_noise"] = None
+                # "x% lower perplexity": the perplexity is 2^bits, so its ratio is 2^difference
+                entry["vs_baseline"]["ppl_ratio"] = {
+                    k: round(2 ** entry["vs_baseline"][k], 5) for k in ("difference", "low",
+                                                                       "high")}
             measured = bench.get(str(depth), {}).get(BENCH_ROWS.get(row, ""), {})
             entry["train_time_ratio"] = measured.get("train_time_ratio")
             entry["memory_growth_ratio"] = measured.get("memory_growth_ratio")
@@ -322,9 +328,12 @@ def summarise(args, results, plan):
                 f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*test, digits=4)} | "
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
+                   f"{100 * (diff['ppl_ratio']['difference'] - 1):+.1f}% | "
                    f"{NOISE_VERDICT[diff['larger_than_noise']]}" if diff else
-                   ("diverged | —" if entry["diverged"] and not ok else "— | —"))
-                + f" | {entry['train_time_ratio'] or '—'} | {entry['memory_growth_ratio'] or '—'} |")
+                   ("diverged | — | —" if entry["diverged"] and not ok else "— | — | —"))
+                + "".join(f" | {value:.3f}" if value is not None else " | —"
+                          for value in (entry["train_time_ratio"], entry["memory_growth_ratio"]))
+                + " |")
         gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
         if gains:
             lines += ["", "Amax gain of the composite stream mixing at the end of training "
