@@ -149,12 +149,11 @@ def median(xs):
     return statistics.median(xs)
 
 
-def paired_ratio(model, baseline):
+def paired_ratio(model, baseline, key="train_seconds_per_round"):
     """The median over the rotation's rounds of two models' time ratio within a round (each a
-    worker's ``train_seconds_per_round``): the machine's speed drifts over the minutes of a run,
-    and a ratio of two medians taken over the whole run carries that drift."""
-    return round(median([m / b for m, b in zip(model["train_seconds_per_round"],
-                                               baseline["train_seconds_per_round"])]), 3)
+    worker's per-round times under ``key``): the machine's speed drifts over the minutes of a
+    run, and a ratio of two medians taken over the whole run carries that drift."""
+    return round(median([m / b for m, b in zip(model[key], baseline[key])]), 3)
 
 
 def bench_parser(description):

@@ -14,6 +14,11 @@ from layerlab import paths
 RUN = os.path.join(SCRIPTS, "bench", "run.py")
 
 
+def paired(a, b, key="train_seconds_per_round"):
+    """The median over the rounds of a's time / b's within a round (what the suite reports)."""
+    return statistics.median(x / y for x, y in zip(a[key], b[key]))
+
+
 def test_bench_suite_quick_writes_every_part(tmp_path):
     out, md, png = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "scaling.png"
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "run.py"), "--quick",
@@ -39,6 +44,12 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     d, layers = seq2seq["config"]["d"], seq2seq["config"]["layers"]
     assert seq2seq["ratios_vs_transformer"]["bridge"]["params_extra"] == layers * layers * d * d
     assert seq2seq["ratios_vs_transformer"]["inverted"]["mac_model_ratio"] == 1.0
+    bridge = seq2seq["results"]["bridge"]  # ratios window by window against its own baseline
+    ratios = seq2seq["ratios_vs_transformer"]["bridge"]
+    assert ratios["train_time_ratio"] == pytest.approx(
+        paired(bridge, bridge["baseline_in_same_process"]), abs=2e-3)
+    assert ratios["generate_time_ratio"] == pytest.approx(paired(
+        bridge, bridge["baseline_in_same_process"], "generate_seconds_per_round"), abs=2e-3)
 
     depth = report["parts"]["depth"]  # every method against the plain LM, its MAC share
     assert set(depth["ratios_vs_plain"]) == {"plain", "dwa", "lrf", "lrf_all_positions",
@@ -52,10 +63,6 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     # time ratios: the median over the rotation's rounds of the ratio within a round
     rows = depth["ratios_vs_plain"]
     lite, plain = rows["mhc_lite_n4"], rows["plain"]
-
-    def paired(a, b):
-        return statistics.median(x / y for x, y in zip(a["train_seconds_per_round"],
-                                                        b["train_seconds_per_round"]))
     assert len(plain["train_seconds_per_round"]) == 2  # --quick: two rounds
     assert lite["train_time_ratio"] == pytest.approx(paired(lite, plain), abs=2e-3)
     assert lite["train_time_ratio_vs_mhc"] == pytest.approx(paired(lite, rows["mhc_n4"]),
@@ -74,6 +81,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
     lm = report["parts"]["lm"]
     assert set(lm["ratios_vs_gpt_baseline_lm"]) == {"ar_encdec_lm", "ar_encdec_lm_emb_mse"}
+    ar, gpt = lm["results"]["ar_encdec_lm"], lm["results"]["gpt_baseline_lm"]
+    assert lm["ratios_vs_gpt_baseline_lm"]["ar_encdec_lm"]["train_tokens_per_second_ratio"] == \
+        pytest.approx(paired(gpt, ar), abs=2e-3)  # tokens/s: the baseline's time / the model's
     assert set(lm["cache_speedup"]) == {"gpt_baseline_lm", "ar_encdec_lm", "ar_encdec_lm_emb_mse"}
     assert all(v > 0 for v in lm["cache_speedup"].values())
     params = {n: r["params_reference_count"] for n, r in lm["results"].items()}

@@ -3,7 +3,8 @@
 
     python scripts/bench/lm.py [--quick] [--device cuda --fp16] [--out results/bench_lm_cpu.json]
 
-Training: tokens/s (median of timed windows of forward + backward + Adam step) of
+Training: tokens/s (timed windows of forward + backward + Adam step; the ratio is the median over
+the rounds of the two models' ratio within a round) of
 ``ar_encdec_lm_yif`` (without and with the MSE embedding loss) against ``gpt_baseline_lm_yif``,
 the reference sizes with V = 50,257 and context 200, the baseline and both variants taking turns
 in one process (each in every slot of the rotation, so that a drifting machine speed hits all
@@ -160,8 +161,8 @@ def run(args):
         if name == BASELINE:
             continue
         ratios[name] = {
-            "train_tokens_per_second_ratio": round(train[name]["train_tokens_per_second"]
-                                                   / train[BASELINE]["train_tokens_per_second"], 3),
+            # tokens/s: the median over the rounds of the baseline's time / the model's
+            "train_tokens_per_second_ratio": common.paired_ratio(train[BASELINE], train[name]),
             "memory_growth_ratio": round(results[name]["train_peak_memory_growth_mb"] / base_mem, 3)
             if base_mem > 0 else None,
         }

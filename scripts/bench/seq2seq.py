@@ -9,9 +9,10 @@ Measures, for fairseq ``transformer`` and ``layerwise_transformer`` variants at 
 (default 3+3 layers, d=256, FFN 1024, 4 heads, 4096 target tokens per batch): encoder+decoder,
 encoder-only and decoder-only fusion, the FC bridge and the cross-attention variants (plus the peak
 memory of one swapped cross-attention module as the target length grows). Training target tokens/s
-(median of timed windows of forward + backward + Adam step) and beam-5 generation sentences/s are
-measured with the variant and the baseline in one process, in alternating windows, so that machine
-drift cannot pass for a difference; peak memory growth during training in a process per model.
+(timed windows of forward + backward + Adam step) and beam-5 generation sentences/s are measured
+with the variant and the baseline in one process, in alternating windows, each ratio the median
+over the windows of the ratio within a window pair, so that machine drift cannot pass for a
+difference; peak memory growth during training in a process per model.
 Prints the ratios to the transformer next to the MAC-model ratio (each sub-layer's ``macs``): for fusion,
 ``mac_model_ratio`` counts fuse-attention as the LRF paper describes it (MHA over the lower states,
 the issue's FLOP model) and ``mac_ratio_implemented`` the cheaper algebra FuseAttention runs; for
@@ -136,10 +137,13 @@ def worker(job):
     out = {}
     for n in names:
         t_train, t_gen = common.median(times[n]["train"]), common.median(times[n]["gen"])
+        # per window too: the ratios are taken window by window (layerlab.bench.paired_ratio)
         out[n] = {"train_seconds_per_update": t_train,
                   "train_tokens_per_second": benches[n].bsz * cfg["tgt_len"] / t_train,
                   "generate_seconds": t_gen,
-                  "generate_sentences_per_second": cfg["gen_sentences"] / t_gen}
+                  "generate_sentences_per_second": cfg["gen_sentences"] / t_gen,
+                  "train_seconds_per_round": times[n]["train"],
+                  "generate_seconds_per_round": times[n]["gen"]}
     return out
 
 
@@ -246,7 +250,8 @@ def run(args):
         results[variant].update(pair[variant])
         results[variant]["baseline_in_same_process"] = pair[BASELINE]
         base, r = pair[BASELINE], pair[variant]
-        train_ratio = r["train_seconds_per_update"] / base["train_seconds_per_update"]
+        train_ratio = common.paired_ratio(r, base)
+        generate_ratio = common.paired_ratio(r, base, "generate_seconds_per_round")
         naive = mac_ratio(variant, cfg, "naive")
         implemented = mac_ratio(variant, cfg, "implemented")
         base_mem = results.get(BASELINE, {}).get("train_peak_memory_growth_mb")
@@ -256,10 +261,8 @@ def run(args):
             "train_ratio_over_mac_ratio": round(train_ratio / naive, 3),
             "mac_ratio_implemented": round(implemented, 3),
             "train_ratio_over_mac_ratio_implemented": round(train_ratio / implemented, 3),
-            "generate_speed_ratio": round(r["generate_sentences_per_second"]
-                                          / base["generate_sentences_per_second"], 3),
-            "generate_time_ratio": round(base["generate_sentences_per_second"]
-                                         / r["generate_sentences_per_second"], 3),
+            "generate_speed_ratio": round(1 / generate_ratio, 3),
+            "generate_time_ratio": generate_ratio,
             "memory_growth_ratio": (round(results[variant]["train_peak_memory_growth_mb"]
                                           / base_mem, 3) if base_mem else None),
             "params_extra": (results[variant]["params"] - results[BASELINE]["params"]
