@@ -23,14 +23,14 @@ class StepError(Exception):
     """A command of an experiment failed; the message names it and ends with its log's tail."""
 
 
-def run_logged(cmd, log=None):
-    """Run ``cmd`` (output into the file ``log`` when given, else to the terminal); raise
-    :class:`StepError` when it fails."""
+def run_logged(cmd, log=None, append=False):
+    """Run ``cmd`` (output into the file ``log`` when given, after what it holds with
+    ``append``, else to the terminal); raise :class:`StepError` when it fails."""
     cmd = [str(c) for c in cmd]
     if log is None:
         proc = subprocess.run(cmd)
     else:
-        with open(log, "w") as f:
+        with open(log, "a" if append else "w") as f:
             proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = ""
@@ -66,6 +66,15 @@ def run_scorer(cmd):
     if proc.returncode != 0:
         raise StepError(f"{os.path.basename(cmd[1])} failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)
+
+
+def read_json(path):
+    """The JSON in ``path``, or None when there is none (or it was cut short)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def load_result(run_dir, recipe=None):

@@ -140,3 +140,40 @@ def test_each_row_is_benchmarked_as_it_is_trained():
         assert arch == bench_arch, row
         assert [str(f) for f in flags if f != "--log-layer-weights"] == \
             depth.sizes(arch, 128, 12) + bench_flags, row
+
+
+def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
+        lm_bin, tmp_path, monkeypatch):
+    common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
+              "--updates", "4", "--embed-dim", "16", "--no-matched-baselines"]
+    whole = tmp_path / "whole" / "d2" / "baseline" / "seed1"
+    assert comparison.main([*common, "--out-dir", str(tmp_path / "whole"),
+                            "--save-interval-updates", "0"]) == 0  # no checkpoint on the way
+
+    class Killed(Exception):
+        pass
+    real = comparison.runs.run_logged
+
+    def killed_after_two_updates(cmd, log=None, append=False):
+        if any("train" in str(part) for part in cmd[:3]):  # fairseq-train / fairseq_cli.train
+            real([*cmd, "--max-update", 2], log, append)  # the later flag wins
+            raise Killed
+        return real(cmd, log, append)
+    monkeypatch.setattr(comparison.runs, "run_logged", killed_after_two_updates)
+    out = tmp_path / "stopped"
+    argv = [*common, "--out-dir", str(out), "--save-interval-updates", "2"]
+    with pytest.raises(Killed):
+        comparison.main(argv)
+    run = out / "d2" / "baseline" / "seed1"
+    assert (run / "checkpoint_last.pt").exists() and not (run / "result.json").exists()
+    monkeypatch.undo()
+    assert comparison.main(argv) == 0
+    resumed = json.loads((run / "result.json").read_text())
+    uninterrupted = json.loads((whole / "result.json").read_text())
+    assert resumed["resumed"] and not uninterrupted["resumed"]
+    assert "| fairseq.trainer | Loaded checkpoint" in (run / "train.log").read_text()
+    # the same run: the same scores and every update's loss, logged once
+    assert np.array_equal(np.load(run / "test_blocks.npy"), np.load(whole / "test_blocks.npy"))
+    assert resumed["train_losses"] == uninterrupted["train_losses"]
+    assert len(resumed["train_losses"]) == 4
+    assert not any(p.suffix == ".pt" or p.name == "started.json" for p in run.iterdir())

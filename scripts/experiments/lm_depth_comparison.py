@@ -20,13 +20,15 @@ blocks: CKA across depth, logit lens, sub-layer update norms, the learned connec
 composite stream mixing, kept as the last logged value. Checkpoints are deleted once scored.
 
 Resumable: a finished run (``result.json`` in its folder) is skipped when the script runs again;
-an unfinished one is started again from scratch. Runs go seed by seed within a depth (every row
-at seed 1, then at seed 2, ...), and ``--report-only`` writes the tables of the runs finished so
-far (each row over the seeds it has) without training anything. ``--jobs N`` trains N runs at
-once, each with the machine's cores / N threads (on 2 cores two 1-thread runs do ~15% more
-updates per second than one 2-thread run: a d = 128 model does not keep two threads busy). Bad input (an unknown row, a
-missing data folder, a data folder whose dictionary differs from the one this output folder was
-started with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
+an unfinished one continues from its last checkpoint (one every ``--save-interval-updates``
+updates, 100 by default) when it has one of the same recipe, else starts again from scratch.
+Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
+``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
+without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
+threads (on 2 cores two 1-thread runs do ~15% more updates per second than one 2-thread run: a
+d = 128 model does not keep two threads busy). Bad input (an unknown row, a missing data folder,
+a data folder whose dictionary differs from the one this output folder was started with) stops
+with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
 
 Data: ``python scripts/prepare/lm.py --dataset wikitext-2 --from ../shared/data/wikitext-2``
@@ -85,6 +87,7 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
 NOISE_VERDICT = {True: "yes", False: "no", None: "not judged (1 seed)"}
+STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
 
@@ -197,15 +200,27 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
     done = runs.load_result(run_dir, recipe)
     if done is not None:
         return done
-    runs.fresh_run_dir(run_dir)
+    # an interrupted run with a checkpoint of the same recipe continues from it (fairseq seeds
+    # every update with seed + update number and restores the data position: the same run as
+    # an uninterrupted one, tested); anything else starts from scratch
+    checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
+    started = os.path.join(run_dir, STARTED)
+    resumed = os.path.exists(checkpoint) and runs.read_json(started) == recipe
+    if not resumed:
+        runs.fresh_run_dir(run_dir)
+        with open(started, "w") as f:
+            json.dump(recipe, f)
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
     result = {"row": row, "depth": depth, "seed": seed, "recipe": recipe, "arch": arch,
-              "flags": flags, "code": runs.package_version(), "threads": args.threads}
+              "flags": flags, "code": runs.package_version(), "threads": args.threads,
+              "resumed": resumed}
+    saves = (["--save-interval-updates", args.save_interval_updates,
+              "--keep-interval-updates", 1] if args.save_interval_updates else [])
     try:
         runs.run_logged(runs.train_command(args.data, run_dir, seed, [
-            "--arch", arch, *flags, *recipe_flags(args.updates)]), log)
+            "--arch", arch, *flags, *recipe_flags(args.updates), *saves]), log, append=resumed)
     except runs.StepError as e:
         # a loss that became NaN / inf is a result of the row (reported as diverged), any
         # other failure a bug to see
@@ -214,12 +229,13 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
         result.update(diverged=True, error=str(e)[-500:], valid_bits=None, test_bits=None,
                       valid_ppl=None, test_ppl=None, params=None)
         return runs.save_result(run_dir, result)
-    checkpoint = os.path.join(run_dir, "checkpoint_last.pt")
+    # a resumed run logs again the updates after its checkpoint: the last record per update
+    logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
     losses, gains = [], {}
-    for logged in fairseq_log.records(log, "train_inner"):
-        losses.append(float(logged["loss"]))
+    for _, record in sorted(logged.items()):
+        losses.append(float(record["loss"]))
         gains.update({key.split("connection_")[-1]: float(value)
-                      for key, value in logged.items() if "amax_gain" in key})
+                      for key, value in record.items() if "amax_gain" in key})
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
                   amax_gain=gains or None)
@@ -234,8 +250,8 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
         result[f"{subset}_bits"] = round(significance.score("bits", blocks), 5)
         result[f"{subset}_ppl"] = round(2 ** result[f"{subset}_bits"], 3)
     result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
-    for name in os.listdir(run_dir):  # the checkpoint is not kept (tens of MB per run)
-        if name.endswith(".pt"):
+    for name in os.listdir(run_dir):  # the checkpoints are not kept (tens of MB per run)
+        if name.endswith(".pt") or name == STARTED:
             os.remove(os.path.join(run_dir, name))
     return runs.save_result(run_dir, result)
 
@@ -394,6 +410,9 @@ def main(argv=None):
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--no-matched-baselines", action="store_true")
     p.add_argument("--results-name", help="also copy the tables to results/NAME.{json,md}")
+    p.add_argument("--save-interval-updates", type=int, default=100,
+                   help="a checkpoint every N updates, from which an interrupted run continues "
+                        "(0: none; not part of the recipe: it does not change the run)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each with the cores / jobs threads")
     p.add_argument("--report-only", action="store_true",
