@@ -25,7 +25,7 @@ updates, 100 by default) when it has one of the same recipe, else starts again f
 Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
-threads (on 2 cores two 1-thread runs do ~15% more updates per second than one 2-thread run: a
+threads (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
 d = 128 model does not keep two threads busy). Bad input (an unknown row, a missing data folder,
 a data folder whose dictionary differs from the one this output folder was started with) stops
 with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
