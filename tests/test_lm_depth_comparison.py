@@ -26,10 +26,14 @@ def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsy
     assert not out.exists()
 
 
-def test_no_runs_at_a_time_is_refused(lm_bin, tmp_path, capsys):
+@pytest.mark.parametrize("flags,message", [
+    (["--jobs", "0"], "--jobs 0: at least 1 run at a time"),
+    (["--save-interval-updates", "-1"], "--save-interval-updates -1: a number of updates"),
+])
+def test_impossible_run_options_are_refused(lm_bin, tmp_path, capsys, flags, message):
     out = tmp_path / "out"
-    assert comparison.main(["--data", str(lm_bin), "--out-dir", str(out), "--jobs", "0"]) == 2
-    assert "--jobs 0: at least 1 run at a time" in capsys.readouterr().err
+    assert comparison.main(["--data", str(lm_bin), "--out-dir", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
     assert not out.exists()
 
 

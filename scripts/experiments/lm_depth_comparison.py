@@ -147,6 +147,9 @@ def check_inputs(args):
         raise InputError(f"the rows must include {BASELINE} (every row is compared with it)")
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: at least 1 run at a time")
+    if args.save_interval_updates < 0:
+        raise InputError(f"--save-interval-updates {args.save_interval_updates}: a number of "
+                         "updates, or 0 for no checkpoint before the end")
     data_dict = os.path.join(args.data, "dict.txt")
     for needed in (data_dict, *(os.path.join(args.data, f"{s}.bin") for s in ("train",
                                                                             "valid", "test"))):

@@ -9,7 +9,7 @@
 #       bash scripts/experiments/lm_depth_comparison.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/lm-depth; WIKITEXT_FROM default: ../shared/data/wikitext-2;
 #   JOBS: runs trained at once, each with the cores / JOBS threads; default 2)
-# About 5 hours at 4 blocks and 14 at 12 on an idle 2-core CPU with one run at a time; ~13% less
+# About 5 hours at 4 blocks and 14 at 12 on an idle 2-core CPU with one run at a time; ~12% less
 # with two 1-thread runs at a time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
