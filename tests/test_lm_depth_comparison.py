@@ -60,6 +60,13 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     matched = [r for r in rows if r.startswith("baseline_ffn")]
     assert len(matched) == 1
     assert abs(rows[matched[0]]["params"] / rows["mhc_lite"]["params"] - 1) < 0.02
+    # and mHC-lite is tested against it too (the same bootstrap, the same one-seed rule)
+    vs_matched = rows["mhc_lite"]["vs_matched"]
+    assert vs_matched["baseline"] == matched[0] and vs_matched["larger_than_noise"] is None
+    assert vs_matched["difference"] == pytest.approx(
+        rows["mhc_lite"]["test_bits"][0] - rows[matched[0]]["test_bits"][0], abs=1e-3)
+    assert f"| mhc_lite | {rows['mhc_lite']['params']:,} | {matched[0]} |" in (
+        out / "results.md").read_text()
     assert rows["baseline"]["params"] < rows["mhc_lite"]["params"]
     run = out / "d2" / "mhc_lite" / "seed1"
     blocks = np.load(run / "test_blocks.npy")

@@ -271,7 +271,22 @@ def bench_ratios():
     return out
 
 
-def summarise(args, results, plan):
+def paired_test(rows_blocks, base_blocks):
+    """The hierarchical bootstrap of one row against a baseline (each a list of per-seed test
+    blocks); with one seed on either side the interval holds the test blocks' sampling only,
+    not the seed spread (the issue's ~0.03 bits): no verdict from it."""
+    test = significance.hierarchical_bootstrap("bits", rows_blocks, base_blocks)
+    if min(len(rows_blocks), len(base_blocks)) < 2:
+        test["larger_than_noise"] = None
+    # "x% lower perplexity": the perplexity is 2^bits, so its ratio is 2^difference
+    test["ppl_ratio"] = {k: round(2 ** test[k], 5) for k in ("difference", "low", "high")}
+    return test
+
+
+def summarise(args, results, plan, matched_of=None):
+    """The report (JSON) and its markdown of the finished runs; ``matched_of`` {(depth, row):
+    its matched-parameter baseline}."""
+    matched_of = matched_of or {}
     bench = bench_ratios()
     codes = sorted({r.get("code", "not recorded") for r in results.values()})
     written = (f"Written {time.strftime('%Y-%m-%d')} by `{args.command}` with "
@@ -325,16 +340,11 @@ def summarise(args, results, plan):
                      "seeds": seeds,
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
             if row != BASELINE and ok and base:
-                entry["vs_baseline"] = significance.hierarchical_bootstrap(
-                    "bits", blocks(depth, row), base)
-                # with one seed on either side the interval holds the test blocks' sampling
-                # only, not the seed spread (the issue's ~0.03 bits): no verdict from it
-                if min(len(ok), len(base)) < 2:
-                    entry["vs_baseline"]["larger_than_noise"] = None
-                # "x% lower perplexity": the perplexity is 2^bits, so its ratio is 2^difference
-                entry["vs_baseline"]["ppl_ratio"] = {
-                    k: round(2 ** entry["vs_baseline"][k], 5) for k in ("difference", "low",
-                                                                       "high")}
+                entry["vs_baseline"] = paired_test(blocks(depth, row), base)
+            matched = matched_of.get((depth, row))
+            if matched and ok and converged(depth, matched):
+                entry["vs_matched"] = dict(paired_test(blocks(depth, row),
+                                                       blocks(depth, matched)), baseline=matched)
             measured = bench.get(str(depth), {}).get(BENCH_ROWS.get(row, ""), {})
             entry["train_time_ratio"] = measured.get("train_time_ratio")
             entry["memory_growth_ratio"] = measured.get("memory_growth_ratio")
@@ -353,6 +363,18 @@ def summarise(args, results, plan):
                 + "".join(f" | {value:.3f}" if value is not None else " | —"
                           for value in (entry["train_time_ratio"], entry["memory_growth_ratio"]))
                 + " |")
+        against = {row: e for row, e in table.items() if "vs_matched" in e}
+        if against:
+            lines += ["", "Rows with more than 2% extra parameters against the baseline with as "
+                      "many (a wider FFN), the same test:", "",
+                      "| row | params | matched baseline | its params | Δ test bits [95%] | "
+                      "beyond noise |", "|---|---:|---|---:|---:|:-:|"]
+            for row, e in against.items():
+                m = e["vs_matched"]
+                lines.append(f"| {row} | {e['params'] or 0:,} | {m['baseline']} | "
+                             f"{table[m['baseline']]['params'] or 0:,} | "
+                             f"{m['difference']:+.4f} [{m['low']:+.4f}, {m['high']:+.4f}] | "
+                             f"{NOISE_VERDICT[m['larger_than_noise']]} |")
         gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
         if gains:
             lines += ["", "Amax gain of the composite stream mixing at the end of training "
@@ -433,7 +455,7 @@ def main(argv=None):
     from fairseq.data import Dictionary
 
     dictionary = Dictionary.load(os.path.join(args.data, "dict.txt"))
-    plan = []
+    plan, matched_of = [], {}  # matched_of: (depth, row) -> its matched-parameter baseline
     for depth in args.depths:
         if "attn_res_block" in args.rows and depth % 2:
             print(f"error: attn_res_block uses 2 groups: depth {depth} is odd", file=sys.stderr)
@@ -447,6 +469,7 @@ def main(argv=None):
             if extra > MATCH_ABOVE:
                 matched = (f"{BASELINE}_ffn"
                            f"{matched_ffn(base * (1 + extra), depth, args.embed_dim, dictionary)}")
+                matched_of[(depth, row)] = matched
                 if (depth, matched) not in plan:
                     plan.append((depth, matched))
     # seed by seed within a depth: a comparison stopped part-way has every row at the first
@@ -493,7 +516,7 @@ def main(argv=None):
             else:
                 os.environ["OMP_NUM_THREADS"] = saved[0]
             torch.set_num_threads(saved[1])
-    report, table = summarise(args, results, plan)
+    report, table = summarise(args, results, plan, matched_of)
     figures_made = [(kind, d) for d in args.depths
                     for kind, make in (("weights", weights_figure), ("layers", layers_figure))
                     if make(args, plan, d)]
