@@ -68,6 +68,20 @@ def run_scorer(cmd):
     return json.loads(proc.stdout)
 
 
+def exclusive_lock(path):
+    """An open file holding an exclusive lock on ``path`` (released when it is closed or the
+    process ends, however it ends), or None while another holds it."""
+    import fcntl
+
+    f = open(path, "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    return f
+
+
 def read_json(path):
     """The JSON in ``path``, or None when there is none (or it was cut short)."""
     try:

@@ -37,6 +37,22 @@ def test_impossible_run_options_are_refused(lm_bin, tmp_path, capsys, flags, mes
     assert not out.exists()
 
 
+def test_a_second_process_training_into_the_same_folder_is_refused(lm_bin, tmp_path, capsys):
+    from layerlab import runs
+
+    out = tmp_path / "out"
+    out.mkdir()
+    held = runs.exclusive_lock(str(out / ".lock"))  # as a running comparison holds it
+    argv = ["--data", str(lm_bin), "--out-dir", str(out), *TINY, "--rows", "baseline",
+            "--no-matched-baselines"]
+    assert comparison.main(argv) == 2
+    assert "another lm_depth_comparison.py is training into" in capsys.readouterr().err
+    assert not (out / "d2").exists()
+    assert comparison.main([*argv, "--report-only"]) == 0  # reading needs no lock
+    held.close()
+    assert runs.exclusive_lock(str(out / ".lock")) is not None
+
+
 def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsys):
     out = tmp_path / "out"
     assert comparison.main(["--data", str(tmp_path / "nowhere"), "--out-dir", str(out)]) == 2

@@ -499,6 +499,12 @@ def main(argv=None):
             if done is not None:
                 results[(depth, row, seed)] = done
     else:
+        # two processes training into one folder would train the same runs over each other
+        lock = runs.exclusive_lock(os.path.join(args.out_dir, ".lock"))
+        if lock is None:
+            print(f"error: another lm_depth_comparison.py is training into {args.out_dir} "
+                  "(wait for it, stop it, or use another --out-dir)", file=sys.stderr)
+            return 2
         # the runs' threads: fairseq-train (a subprocess) reads OMP_NUM_THREADS, the scoring
         # here torch's setting
         import torch
@@ -516,6 +522,7 @@ def main(argv=None):
             else:
                 os.environ["OMP_NUM_THREADS"] = saved[0]
             torch.set_num_threads(saved[1])
+            lock.close()
     report, table = summarise(args, results, plan, matched_of)
     figures_made = [(kind, d) for d in args.depths
                     for kind, make in (("weights", weights_figure), ("layers", layers_figure))
