@@ -94,13 +94,14 @@ def connection_weights(panels, out, title=None):
     return True
 
 
-def layer_profiles(rows, out, title=None):
+def layer_profiles(rows, out, title=None, offsets=None):
     """What the layers of several models hold, one line per model (label, the ``analyses``
     entry of ``scripts/analyze_layers.py``'s JSON), three panels: the logit lens (bits per
     token when each block's output in the decoder stack is read out by the final norm and the
     output layer), the CKA between consecutive states of that stack, and the
-    relative norm of each block's update (its sub-layers' summed). False when no row has an
-    analysis."""
+    relative norm of each block's update (its sub-layers' summed). ``offsets`` {label: blocks
+    below the decoder stack} places a stack that sits on another (``ar_encdec_lm``'s decoder on
+    its encoder) at its depth in the model. False when no row has an analysis."""
     import math
 
     import matplotlib
@@ -117,15 +118,17 @@ def layer_profiles(rows, out, title=None):
     for k, (label, analysis) in enumerate(rows):
         style = dict(color=colours(k % 20), marker="o", markersize=3, linewidth=1,
                      linestyle="-" if k < 10 else "--", label=label)
+        below = (offsets or {}).get(label, 0)
         lens = analysis["logit_lens"]  # from block 1's output (the embedding's is far off)
-        axes[0].plot(lens["layers"][1:], [n / math.log(2) for n in lens["cross_entropy"][1:]],
-                     **style)
+        axes[0].plot([below + i for i in lens["layers"][1:]],
+                     [n / math.log(2) for n in lens["cross_entropy"][1:]], **style)
         side = "decoder" if "decoder" in analysis["cka"] else next(iter(analysis["cka"]))
         cka = analysis["cka"][side]  # states x states
-        axes[1].plot(range(1, len(cka)), [cka[i - 1][i] for i in range(1, len(cka))], **style)
+        axes[1].plot([below + i for i in range(1, len(cka))],
+                     [cka[i - 1][i] for i in range(1, len(cka))], **style)
         updates = analysis["updates"].get(side, {})
         blocks = sorted(updates, key=int)
-        axes[2].plot([int(b) for b in blocks], [sum(updates[b].values()) for b in blocks],
+        axes[2].plot([below + int(b) for b in blocks], [sum(updates[b].values()) for b in blocks],
                      **style)
     axes[0].set(xlabel="block whose output is read out", ylabel="bits per token",
                 title="logit lens")

@@ -404,9 +404,13 @@ def first_seed_analyses(args, plan, depth):
 def layers_figure(args, plan, depth):
     """What the layers of every row's first seed hold (logit lens, CKA of consecutive states,
     update norms): ``layers_d<depth>.png`` in the output folder; False when no row has them."""
+    # ar_encdec_lm: its decoder stack (what the output reads) drawn above its encoder's blocks
+    offsets = {row: depth // 2 for row, _ in first_seed_analyses(args, plan, depth)
+               if row_spec(row, depth, args.embed_dim)[0] == "ar_encdec_lm"}
     return figures.layer_profiles(
         first_seed_analyses(args, plan, depth), os.path.join(args.out_dir, f"layers_d{depth}.png"),
-        f"what the layers hold, {depth} blocks (seed {args.seeds[0]}, 256 validation blocks)")
+        f"what the layers hold, {depth} blocks (seed {args.seeds[0]}, 256 validation blocks; "
+        "ar_encdec_lm: its decoder stack)", offsets)
 
 
 def weights_figure(args, plan, depth):
