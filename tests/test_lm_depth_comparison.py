@@ -204,3 +204,22 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
     assert resumed["train_losses"] == uninterrupted["train_losses"]
     assert len(resumed["train_losses"]) == 4
     assert not any(p.suffix == ".pt" or p.name == "started.json" for p in run.iterdir())
+
+
+def test_the_ranking_across_depths_and_its_rank_correlation():
+    def table(diffs):
+        return {"baseline": {}, **{row: {"vs_baseline": {"difference": d}}
+                                   for row, d in diffs.items()}}
+    shallow = {"a": -0.08, "b": -0.05, "c": -0.01, "d": 0.02}
+    same, entry_lines = comparison.ranking_across_depths(
+        {"4": table(shallow), "12": table({k: 2 * v for k, v in shallow.items()})})
+    assert same["spearman"] == pytest.approx(1.0) and same["ranks"]["4"]["a"] == 1
+    assert entry_lines[0] == "### The ranking at 4 and 12 blocks"
+    assert "| a | -0.0800 | 1 | -0.1600 | 1 |" in entry_lines
+    flipped, _ = comparison.ranking_across_depths(
+        {"4": table(shallow), "12": table({k: -v for k, v in shallow.items()})})
+    assert flipped["spearman"] == pytest.approx(-1.0) and flipped["ranks"]["12"]["d"] == 1
+    # a row measured at one depth only is left out; fewer than three rows: no correlation
+    partial, lines = comparison.ranking_across_depths(
+        {"4": table(shallow), "12": table({"a": -0.1, "b": 0.0})})
+    assert partial["spearman"] is None and partial["rows"] == ["a", "b"] and lines == []

@@ -386,7 +386,37 @@ def summarise(args, results, plan, matched_of=None):
                 for row, seeds in gains.items()]
         lines.append("")
         report["depths"][str(depth)] = table
+    if len(report["depths"]) > 1:
+        report["ranking"], ranking_lines = ranking_across_depths(report["depths"])
+        lines += ranking_lines
     return report, "\n".join(lines)
+
+
+def ranking_across_depths(depths):
+    """Whether the rows rank alike at every depth: the rows measured against the baseline at
+    the shallowest and the deepest depth, ranked by their difference at each (1: the largest
+    gain), and Spearman's rank correlation of the two rankings (no ties expected: differences
+    of real runs). -> (JSON entry, markdown lines)."""
+    low, high = sorted(depths, key=int)[0], sorted(depths, key=int)[-1]
+    rows = [r for r in depths[low] if "vs_baseline" in depths[low][r]
+            and "vs_baseline" in depths[high].get(r, {})]
+    if len(rows) < 3:
+        return {"depths": [int(low), int(high)], "rows": rows, "spearman": None}, []
+    diffs = {d: np.array([depths[d][r]["vs_baseline"]["difference"] for r in rows])
+             for d in (low, high)}
+    ranks = {d: np.argsort(np.argsort(diffs[d])) + 1 for d in (low, high)}
+    spearman = float(np.corrcoef(ranks[low], ranks[high])[0, 1])
+    entry = {"depths": [int(low), int(high)], "rows": rows, "spearman": round(spearman, 3),
+             "ranks": {d: dict(zip(rows, map(int, ranks[d]))) for d in (low, high)}}
+    lines = [f"### The ranking at {low} and {high} blocks", "",
+             f"Rows ranked by their difference from the baseline (1: the largest gain); "
+             f"Spearman's rank correlation between the depths: {spearman:+.2f} over "
+             f"{len(rows)} rows.", "",
+             f"| row | Δ at {low} | rank | Δ at {high} | rank |", "|---|---:|---:|---:|---:|"]
+    for i in np.argsort(ranks[high]):
+        lines.append(f"| {rows[i]} | {diffs[low][i]:+.4f} | {ranks[low][i]} | "
+                     f"{diffs[high][i]:+.4f} | {ranks[high][i]} |")
+    return entry, lines + [""]
 
 
 def first_seed_analyses(args, plan, depth):
