@@ -1,4 +1,5 @@
-"""The optimisation recipes of the quickstart and the seed comparisons (one definition each)."""
+"""The optimisation recipes of the quickstart and the seed comparisons, and the language-model
+comparison's model sizes (one definition each)."""
 import json
 
 
@@ -11,6 +12,17 @@ def adam_inverse_sqrt(lr, max_tokens, max_update, warmup=200):
             "--dropout", "0", "--criterion", "cross_entropy", "--max-tokens", str(max_tokens),
             "--max-update", str(max_update), "--no-epoch-checkpoints", "--disable-validation",
             "--log-interval", "100"]
+
+
+def lm_sizes(arch, blocks, embed_dim, heads, ffn=None):
+    """Size flags of a language model with ``blocks`` blocks in all (``ar_encdec_lm``: two stacks
+    of half, its cross-attention with ``heads`` heads too), as the WikiText-2 comparison trains
+    and the depth bench measures it; ``ffn``: a FFN width other than the default."""
+    out = ["--embed-dim", embed_dim, "--layers", blocks, "--attention-heads", heads]
+    if arch == "ar_encdec_lm":
+        out = ["--embed-dim", embed_dim, "--layers", blocks // 2, "--attention-heads", heads,
+               "--cross-attention-heads", heads]
+    return out + (["--ffn-embed-dim", ffn] if ffn else [])
 
 
 def lm_adam_inverse_sqrt(max_update, context, batch, lr="2e-3"):

@@ -165,7 +165,7 @@ def test_each_row_is_benchmarked_as_it_is_trained():
         arch, flags = comparison.row_spec(row, 12, 128)
         bench_arch, bench_flags = depth.METHODS[bench_row]
         assert arch == bench_arch, row
-        assert [str(f) for f in flags if f != "--log-layer-weights"] == \
+        assert [f for f in flags if f != "--log-layer-weights"] == \
             depth.sizes(arch, 128, 12) + bench_flags, row
 
 

@@ -8,14 +8,13 @@
 context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
 connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two stacks of
 half the blocks; plain, with the bridges over its encoder, with the embedding loss): training
-seconds per update (timed windows of forward +
-backward + Adam step, every model taking turns in one process, each in every slot of the
-rotation; the time ratio is the median over the rounds of the two models' ratio within a round)
-and the peak memory growth of training (a process per model), with each method's
-multiply-accumulate model (its ``macs`` beside its module) as the share of the plain model's
-forward MACs per token. ``--rows`` measures a subset (the plain model always). The worker is
-``lm.py``'s. Ratios are the result; absolute numbers only
-mean something on a GPU.
+seconds per update (timed windows of forward + backward + Adam step, every model taking turns
+in one process, each in every slot of the rotation; the time ratio is the median over the
+rounds of the two models' ratio within a round) and the peak memory growth of training (a
+process per model), with each method's multiply-accumulate model (its ``macs`` beside its
+module) as the share of the plain model's forward MACs per token. ``--rows`` measures a subset
+(the plain model always). The worker is ``lm.py``'s. Ratios are the result; absolute numbers
+only mean something on a GPU.
 """
 import os
 import sys
@@ -23,7 +22,7 @@ import sys
 import torch
 
 from layerlab import bench as common
-from layerlab import paths
+from layerlab import paths, recipes
 
 lm = paths.load_script("bench", "lm.py")
 
@@ -58,11 +57,9 @@ HEADS = 4
 
 
 def sizes(arch, embed_dim, layers):
-    """Size flags of a row with ``layers`` blocks in all (ar_encdec_lm: half per stack)."""
-    if arch == "ar_encdec_lm":
-        return ["--embed-dim", str(embed_dim), "--layers", str(layers // 2),
-                "--attention-heads", str(HEADS), "--cross-attention-heads", str(HEADS)]
-    return ["--embed-dim", str(embed_dim), "--layers", str(layers), "--attention-heads", str(HEADS)]
+    """Size flags of a row with ``layers`` blocks in all, as the WikiText-2 comparison trains it
+    (ar_encdec_lm: half per stack)."""
+    return recipes.lm_sizes(arch, layers, embed_dim, HEADS)
 
 
 def mac_share(arch, flags, embed_dim, layers, context):

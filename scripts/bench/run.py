@@ -13,7 +13,8 @@ comparison against the plain model, at 4 and 12 blocks) and ``scaling.py`` (time
 against length and depth, with the MAC model), then checks the targets of the architecture
 issues. Every figure is a ratio to a baseline measured in the same process; absolute numbers are
 printed but only mean something on a GPU. On a GPU, commit the JSON under its own name, e.g.
-``--out results/bench_cuda_fp16.json``. No timing is ever asserted by a test: the exit status is 0 whether or not a target is met (see ``targets``).
+``--out results/bench_cuda_fp16.json``. No timing is ever asserted by a test: the exit status is
+0 whether or not a target is met (see ``targets``).
 ``--quick`` writes to ``build/bench-quick/`` unless told otherwise, never over ``results/``.
 """
 import os

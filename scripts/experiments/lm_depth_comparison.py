@@ -100,21 +100,13 @@ def parse_list(text, kind=str):
     return [kind(x) for x in text.split(",") if x]
 
 
-def sizes(arch, depth, embed_dim, ffn=None):
-    out = ["--embed-dim", embed_dim, "--layers", depth, "--attention-heads", HEADS]
-    if arch == "ar_encdec_lm":  # two stacks of half the blocks; its cross-attention's heads too
-        out = ["--embed-dim", embed_dim, "--layers", depth // 2, "--attention-heads", HEADS,
-               "--cross-attention-heads", HEADS]
-    return out + (["--ffn-embed-dim", ffn] if ffn else [])
-
-
 def row_spec(name, depth, embed_dim):
     """(arch, model flags) of a row, matched baselines (``baseline_ffn<F>``) included."""
     if name.startswith(f"{BASELINE}_ffn"):
-        return "gpt_baseline_lm", sizes("gpt_baseline_lm", depth, embed_dim,
-                                        int(name[len(BASELINE) + 4:]))
+        return "gpt_baseline_lm", recipes.lm_sizes("gpt_baseline_lm", depth, embed_dim, HEADS,
+                                                   int(name[len(BASELINE) + 4:]))
     arch, flags = ROWS[name]
-    return arch, sizes(arch, depth, embed_dim) + flags
+    return arch, recipes.lm_sizes(arch, depth, embed_dim, HEADS) + flags
 
 
 def recipe_flags(updates):
@@ -133,7 +125,8 @@ def matched_ffn(target, depth, embed_dim, dictionary):
     """The FFN width whose baseline has the parameters closest to ``target`` (the count is
     linear in the width: two builds give the line)."""
     low, high = 4 * embed_dim, 8 * embed_dim
-    counts = [parameters("gpt_baseline_lm", sizes("gpt_baseline_lm", depth, embed_dim, ffn),
+    counts = [parameters("gpt_baseline_lm",
+                         recipes.lm_sizes("gpt_baseline_lm", depth, embed_dim, HEADS, ffn),
                          dictionary) for ffn in (low, high)]
     per_unit = (counts[1] - counts[0]) / (high - low)
     return max(1, round(low + (target - counts[0]) / per_unit))
@@ -311,9 +304,14 @@ def summarise(args, results, plan, matched_of=None):
     def converged(depth, row):  # a diverged seed has no scores to average or to test
         return [s for s in finished(depth, row) if not results[(depth, row, s)]["diverged"]]
 
-    def blocks(depth, row):
-        return [np.load(os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}",
-                                     "test_blocks.npy")) for s in converged(depth, row)]
+    loaded = {}
+
+    def blocks(depth, row):  # loaded once: a matched baseline is read for every row it matches
+        if (depth, row) not in loaded:
+            loaded[(depth, row)] = [np.load(os.path.join(args.out_dir, f"d{depth}", row,
+                                                         f"seed{s}", "test_blocks.npy"))
+                                    for s in converged(depth, row)]
+        return loaded[(depth, row)]
 
     for depth in args.depths:
         rows = [r for (d, r) in plan if d == depth and finished(d, r)]
@@ -434,11 +432,12 @@ def first_seed_analyses(args, plan, depth):
 def layers_figure(args, plan, depth):
     """What the layers of every row's first seed hold (logit lens, CKA of consecutive states,
     update norms): ``layers_d<depth>.png`` in the output folder; False when no row has them."""
+    analyses = first_seed_analyses(args, plan, depth)
     # ar_encdec_lm: its decoder stack (what the output reads) drawn above its encoder's blocks
-    offsets = {row: depth // 2 for row, _ in first_seed_analyses(args, plan, depth)
+    offsets = {row: depth // 2 for row, _ in analyses
                if row_spec(row, depth, args.embed_dim)[0] == "ar_encdec_lm"}
     return figures.layer_profiles(
-        first_seed_analyses(args, plan, depth), os.path.join(args.out_dir, f"layers_d{depth}.png"),
+        analyses, os.path.join(args.out_dir, f"layers_d{depth}.png"),
         f"what the layers hold, {depth} blocks (seed {args.seeds[0]}, 256 validation blocks; "
         "ar_encdec_lm: its decoder stack)", offsets)
 
