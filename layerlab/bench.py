@@ -145,6 +145,27 @@ def run_isolated(script, worker_args, threads):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# a worker job that runs a list of jobs one after the other in one process
+JOBS = "jobs"
+
+
+def run_jobs(script, jobs, threads, labels, together=False):
+    """The results of ``script``'s worker ``jobs`` (a list), each in a fresh process, or all in
+    one process when ``together`` (--quick smoke runs: a process's ~5 s of start-up is most of
+    a tiny job's time, and no figure of a quick run is meant to be read; a peak-memory growth
+    is then not isolated: 0 when an earlier job of the process reached a higher peak).
+    ``labels`` (one per job) are printed to stderr as the jobs start."""
+    jobs = list(jobs)
+    if together:
+        print(f"[bench] {'; '.join(labels)} (one process) ...", file=sys.stderr, flush=True)
+        return run_isolated(script, {"mode": JOBS, "jobs": jobs}, threads)
+    results = []
+    for label, job in zip(labels, jobs):
+        print(f"[bench] {label} ...", file=sys.stderr, flush=True)
+        results.append(run_isolated(script, job, threads))
+    return results
+
+
 def median(xs):
     return statistics.median(xs)
 
@@ -204,7 +225,10 @@ def parse_bench_args(parser, worker, argv=None):
     ``worker`` may be None for a script that has no worker jobs."""
     args = parser.parse_args(argv)
     if args.worker and worker is not None:
-        print(json.dumps(worker(json.loads(args.worker))))
+        job = json.loads(args.worker)
+        result = ([worker(j) for j in job["jobs"]] if job.get("mode") == JOBS
+                  else worker(job))
+        print(json.dumps(result))
         return None
     if args.fp16 and args.device == "cpu":
         parser.error("--fp16 needs --device cuda")

@@ -130,12 +130,9 @@ def run(args):
                          + METHODS[name][1]) for name in names}
         job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                    windows=windows, models=models)
-        print(f"[bench] depth {layers}: memory ...", file=sys.stderr, flush=True)
-        if args.quick:  # a smoke run: one process for every model (~8 s of start-up each)
-            memory = common.run_isolated(script, dict(job, mode="memory_each"), args.threads)
-        else:
-            memory = {name: common.run_isolated(script, dict(job, mode="memory", model=name),
-                                                args.threads) for name in models}
+        memory = dict(zip(models, common.run_jobs(
+            script, [dict(job, mode="memory", model=name) for name in models], args.threads,
+            [f"depth {layers}, {name}: memory" for name in models], together=args.quick)))
         print(f"[bench] depth {layers}: training (interleaved in one process) ...",
               file=sys.stderr, flush=True)
         train = common.run_isolated(script, dict(job, mode="train"), args.threads)

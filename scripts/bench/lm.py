@@ -96,8 +96,6 @@ def worker(job):
 
     if job["mode"] == "memory":
         return memory(job["model"])
-    if job["mode"] == "memory_each":  # quick smoke runs: every model in one process (the peaks
-        return {name: memory(name) for name in job["models"]}  # are not isolated: no numbers)
     if job["mode"] == "generate":
         bench = build(job["model"])
         times, outputs = {}, {}
@@ -146,12 +144,12 @@ def run(args):
     job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                windows=windows, models=models)
     results, ratios = {}, {}
-    for name in models:
-        print(f"[bench] {name}: memory, generation ...", file=sys.stderr, flush=True)
-        results[name] = common.run_isolated(script, dict(job, mode="memory", model=name),
-                                            args.threads)
-        results[name].update(common.run_isolated(script, dict(job, mode="generate", model=name),
-                                                 args.threads))
+    cases = [(name, mode) for name in models for mode in ("memory", "generate")]
+    measured = common.run_jobs(script, [dict(job, mode=mode, model=name) for name, mode in cases],
+                               args.threads, [f"{name}: {mode}" for name, mode in cases],
+                               together=args.quick)
+    for (name, _), result in zip(cases, measured):
+        results.setdefault(name, {}).update(result)
     print(f"[bench] {', '.join(models)}: training (interleaved in one process) ...",
           file=sys.stderr, flush=True)
     train = common.run_isolated(script, dict(job, mode="train"), args.threads)

@@ -15,7 +15,9 @@ issues. Every figure is a ratio to a baseline measured in the same process; abso
 printed but only mean something on a GPU. On a GPU, commit the JSON under its own name, e.g.
 ``--out results/bench_cuda_fp16.json``. No timing is ever asserted by a test: the exit status is
 0 whether or not a target is met (see ``targets``).
-``--quick`` writes to ``build/bench-quick/`` unless told otherwise, never over ``results/``.
+``--quick`` writes to ``build/bench-quick/`` unless told otherwise, never over ``results/``,
+and runs each part's worker jobs in one process (``layerlab.bench.run_jobs``): its memory
+figures are not isolated.
 """
 import os
 import sys

@@ -47,19 +47,23 @@ def worker(job):
     return {n: common.median(times[n]) for n in names}
 
 
-def measure_curve(axis, points, variants, base_cfg, job, script):
-    """Run one process per point; return the curve's JSON rows."""
-    rows = []
+def measure_curve(axis, points, variants, base_cfg, job, script, together=False):
+    """Run one process per point (all points in one with ``together``: --quick); return the
+    curve's JSON rows."""
+    cfgs = []
     for value in points:
         cfg = dict(base_cfg)
         if axis == "length":
             cfg.update(src_len=value, tgt_len=value, max_tokens=value * base_cfg["sentences"])
         else:
             cfg.update(layers=value)
-        print(f"[bench] scaling {axis}={value}: {BASELINE}, {', '.join(variants)} ...",
-              file=sys.stderr, flush=True)
-        seconds = common.run_isolated(script, dict(job, cfg=cfg, variants=list(variants)),
-                                      job["threads"])
+        cfgs.append(cfg)
+    measured = common.run_jobs(
+        script, [dict(job, cfg=cfg, variants=list(variants)) for cfg in cfgs], job["threads"],
+        [f"scaling {axis}={value}: {BASELINE}, {', '.join(variants)}" for value in points],
+        together=together)
+    rows = []
+    for value, cfg, seconds in zip(points, cfgs, measured):
         row = {axis: value, "target_tokens_per_batch": cfg["max_tokens"] // cfg["tgt_len"]
                * cfg["tgt_len"], "seconds_per_update": seconds, "time_ratio": {},
                "mac_model_ratio": {}, "mac_ratio_implemented": {}}
@@ -133,9 +137,9 @@ def run(args):
             "threads": args.threads, "torch": torch.__version__, "config": base,
             "windows": windows,
             "curves": {"length": measure_curve("length", lengths, LENGTH_VARIANTS, base, job,
-                                               script),
+                                               script, args.quick),
                        "depth": measure_curve("depth", depths, DEPTH_VARIANTS, base, job,
-                                              script)}}
+                                              script, args.quick)}}
 
 
 def markdown_table(report):

@@ -234,19 +234,16 @@ def run(args):
     common_job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                       windows=windows)
     script = os.path.abspath(__file__)
-    results, ratios = {}, {}
-    for variant in variants:
-        print(f"[bench] {variant}: memory ...", file=sys.stderr, flush=True)
-        results[variant] = common.run_isolated(
-            script, dict(common_job, mode="memory", variant=variant), args.threads)
-    for variant in variants:
-        if variant == BASELINE:
-            continue
-        print(f"[bench] {variant} vs {BASELINE}: speed (interleaved) ...", file=sys.stderr,
-              flush=True)
-        pair = common.run_isolated(
-            script, dict(common_job, mode="speed", variant=variant, baseline=BASELINE),
-            args.threads)
+    compared = [v for v in variants if v != BASELINE]
+    results = dict(zip(variants, common.run_jobs(
+        script, [dict(common_job, mode="memory", variant=v) for v in variants], args.threads,
+        [f"{v}: memory" for v in variants], together=args.quick)))
+    pairs = common.run_jobs(
+        script, [dict(common_job, mode="speed", variant=v, baseline=BASELINE) for v in compared],
+        args.threads, [f"{v} vs {BASELINE}: speed (interleaved)" for v in compared],
+        together=args.quick)
+    ratios = {}
+    for variant, pair in zip(compared, pairs):
         results[variant].update(pair[variant])
         results[variant]["baseline_in_same_process"] = pair[BASELINE]
         base, r = pair[BASELINE], pair[variant]
@@ -275,13 +272,15 @@ def run(args):
     if "swapped" in variants:
         # swapped's memory must grow as T x S x chunk, not T^2 x S: the module alone, each
         # (variant, T) in a process of its own
-        for tgt_len in ((16, 32) if args.quick else (32, 64, 128, 256)):
-            scaling[tgt_len] = {
-                v: common.run_isolated(script, dict(mode="cross_attention_memory", variant=v,
-                                                    tgt_len=tgt_len, device=args.device,
-                                                    threads=args.threads),
-                                       args.threads)["peak_memory_growth_mb"]
-                for v in ("standard", "swapped")}
+        cases = [(tgt_len, v) for tgt_len in ((16, 32) if args.quick else (32, 64, 128, 256))
+                 for v in ("standard", "swapped")]
+        peaks = common.run_jobs(script, [
+            dict(mode="cross_attention_memory", variant=v, tgt_len=tgt_len, device=args.device,
+                 threads=args.threads) for tgt_len, v in cases], args.threads,
+            [f"{v} cross-attention at target length {t}: memory" for t, v in cases],
+            together=args.quick)
+        for (tgt_len, v), peak in zip(cases, peaks):
+            scaling.setdefault(tgt_len, {})[v] = peak["peak_memory_growth_mb"]
     report = {"benchmark": "seq2seq", "device": args.device, "fp16": args.fp16,
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "results": results, "ratios_vs_transformer": ratios,
