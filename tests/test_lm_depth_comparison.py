@@ -105,6 +105,10 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
         rows["mhc_lite"]["test_ppl"][0] / rows["baseline"]["test_ppl"][0], rel=2e-3)
     assert f"| {100 * (vs['ppl_ratio']['difference'] - 1):+.1f}% |" in (
         out / "results.md").read_text()
+    # beside it, the difference at each seed both rows have (one here: the same number)
+    assert vs["by_seed"] == {"1": pytest.approx(vs["difference"], abs=2e-4)}
+    assert f"| not judged (1 seed) | {vs['by_seed']['1']:+.3f} |" in (
+        out / "results.md").read_text()
     assert "| mhc_lite |" in (out / "results.md").read_text()
     # the first seed is analysed; mHC reports its Amax gain from the training log (a product of
     # doubly stochastic matrices: 1)
@@ -135,7 +139,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     rows2 = json.loads((out / "results.json").read_text())["depths"]["2"]
     assert rows2["mhc_lite"]["diverged"] == [2] and rows2["baseline"]["diverged"] == [2]
     assert rows2["mhc_lite"]["test_bits"] == rows["mhc_lite"]["test_bits"]
-    assert rows2["mhc_lite"]["vs_baseline"] == vs
+    assert rows2["mhc_lite"]["vs_baseline"] == vs  # by seed too: seed 2 diverged in both
     assert "| mhc_lite | 1,2 (2 diverged) |" in (out / "results.md").read_text()
     shutil.rmtree(out / "d2" / "mhc_lite" / "seed1")  # every seed diverged: no scores, no test
     (out / "d2" / "mhc_lite" / "seed1").mkdir()
@@ -146,7 +150,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert rows2["mhc_lite"]["test_bits"] == [None, None]
     assert "vs_baseline" not in rows2["mhc_lite"]
     assert "| mhc_lite | 1,2 (1,2 diverged) |" in (out / "results.md").read_text()
-    assert "| diverged | — |" in (out / "results.md").read_text()
+    assert "| diverged | — | — | — |" in (out / "results.md").read_text()
     # finished runs are kept; an interrupted one (no result.json) is run again from scratch
     kept = (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns
     os.remove(run / "result.json")

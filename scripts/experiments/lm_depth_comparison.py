@@ -294,7 +294,8 @@ def summarise(args, results, plan, matched_of=None):
              "baseline with the 95% interval of the hierarchical bootstrap over test blocks and "
              "seeds (with one seed on either side it covers the test blocks only, not the seed "
              "spread, and no verdict is given), and as the change of the perplexity "
-             "(2^Δ - 1); time and memory: scripts/bench/depth.py at the "
+             "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
+             "same seed (the same data order), in the order of the seeds column; time and memory: scripts/bench/depth.py at the "
              f"same depth ({' and '.join('results/' + n for n in BENCH_FILES)}; none: not "
              "benchmarked).", ""]
 
@@ -321,8 +322,8 @@ def summarise(args, results, plan, matched_of=None):
         table = {}
         lines += [f"### {depth} blocks", "",
                   "| row | seeds | params | valid bits | test bits | test ppl | "
-                  "Δ test bits [95%] | test ppl vs baseline | beyond noise | time | memory |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|"]
+                  "Δ test bits [95%] | test ppl vs baseline | beyond noise | Δ by seed | time | "
+                  "memory |", "|---|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|"]
         for row in rows:
             seeds = finished(depth, row)
             done = [results[(depth, row, s)] for s in seeds]
@@ -339,6 +340,12 @@ def summarise(args, results, plan, matched_of=None):
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
             if row != BASELINE and ok and base:
                 entry["vs_baseline"] = paired_test(blocks(depth, row), base)
+                # beside the test: the difference at each seed the two rows share (the same seed
+                # is the same data order): whether the sign holds seed by seed
+                entry["vs_baseline"]["by_seed"] = {
+                    str(s): round(results[(depth, row, s)]["test_bits"]
+                                  - results[(depth, BASELINE, s)]["test_bits"], 4)
+                    for s in converged(depth, row) if s in converged(depth, BASELINE)}
             matched = matched_of.get((depth, row))
             if matched and ok and converged(depth, matched):
                 entry["vs_matched"] = dict(paired_test(blocks(depth, row),
@@ -356,8 +363,10 @@ def summarise(args, results, plan, matched_of=None):
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
                    f"{100 * (diff['ppl_ratio']['difference'] - 1):+.1f}% | "
-                   f"{NOISE_VERDICT[diff['larger_than_noise']]}" if diff else
-                   ("diverged | — | —" if entry["diverged"] and not ok else "— | — | —"))
+                   f"{NOISE_VERDICT[diff['larger_than_noise']]} | "
+                   + (" / ".join(f"{d:+.3f}" for d in diff["by_seed"].values()) or "—")
+                   if diff else
+                   ("diverged | — | — | —" if entry["diverged"] and not ok else "— | — | — | —"))
                 + "".join(f" | {value:.3f}" if value is not None else " | —"
                           for value in (entry["train_time_ratio"], entry["memory_growth_ratio"]))
                 + " |")
