@@ -92,3 +92,23 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
                   "--sample-break-mode", "eos", "--gen-subset", "valid", "--num-workers", "0",
                   "--skip-invalid-size-inputs-valid-test")
     assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
+
+
+# The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 40-120 s
+# on 2 cores, `--durations` of CI): started first, so that `-n 2` workers do not end with one of
+# them still running a table smoke while the other is idle (~4 min of CI's wall time when they
+# were collected last).
+LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_lm_table_smoke",
+              "test_tables.py::test_bridge_table_smoke", "test_bench.py::test_bench_suite_quick",
+              "test_end_to_end.py::test_quickstart", "test_docs.py::test_documented_commands_run",
+              "test_interrupted.py::", "test_tables.py::test_lrf_cfq_smoke")
+
+
+def pytest_collection_modifyitems(items):
+    """Move the long tests to the front, in LONG_FIRST's order (a stable sort: the same order on
+    every xdist worker, as it requires)."""
+    def rank(item):
+        name = item.nodeid.split("/")[-1]
+        return next((i for i, prefix in enumerate(LONG_FIRST) if name.startswith(prefix)),
+                    len(LONG_FIRST))
+    items.sort(key=rank)
