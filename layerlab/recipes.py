@@ -18,11 +18,11 @@ def lm_sizes(arch, blocks, embed_dim, heads, ffn=None):
     """Size flags of a language model with ``blocks`` blocks in all (``ar_encdec_lm``: two stacks
     of half, its cross-attention with ``heads`` heads too), as the WikiText-2 comparison trains
     and the depth bench measures it; ``ffn``: a FFN width other than the default."""
-    out = ["--embed-dim", embed_dim, "--layers", blocks, "--attention-heads", heads]
-    if arch == "ar_encdec_lm":
-        out = ["--embed-dim", embed_dim, "--layers", blocks // 2, "--attention-heads", heads,
-               "--cross-attention-heads", heads]
-    return out + (["--ffn-embed-dim", ffn] if ffn else [])
+    two_stacks = arch == "ar_encdec_lm"
+    out = ["--embed-dim", embed_dim, "--layers", blocks // 2 if two_stacks else blocks,
+           "--attention-heads", heads]
+    return (out + (["--cross-attention-heads", heads] if two_stacks else [])
+            + (["--ffn-embed-dim", ffn] if ffn else []))
 
 
 def lm_adam_inverse_sqrt(max_update, context, batch, lr="2e-3"):

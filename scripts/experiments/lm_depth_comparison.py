@@ -276,6 +276,18 @@ def paired_test(rows_blocks, base_blocks):
     return test
 
 
+def test_cells(diff, all_diverged):
+    """The markdown cells of a row's test against the baseline: the difference [95%], the
+    perplexity change, the verdict, the difference seed by seed (``diff``: its paired_test
+    with ``by_seed``; None: not tested)."""
+    if diff is None:
+        return " | ".join(["diverged" if all_diverged else "—"] + ["—"] * 3)
+    by_seed = " / ".join(f"{d:+.3f}" for d in diff["by_seed"].values()) or "—"
+    return (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
+            f"{100 * (diff['ppl_ratio']['difference'] - 1):+.1f}% | "
+            f"{NOISE_VERDICT[diff['larger_than_noise']]} | {by_seed}")
+
+
 def summarise(args, results, plan, matched_of=None):
     """The report (JSON) and its markdown of the finished runs; ``matched_of`` {(depth, row):
     its matched-parameter baseline}."""
@@ -295,9 +307,10 @@ def summarise(args, results, plan, matched_of=None):
              "seeds (with one seed on either side it covers the test blocks only, not the seed "
              "spread, and no verdict is given), and as the change of the perplexity "
              "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
-             "same seed (the same data order), in the order of the seeds column; time and memory: scripts/bench/depth.py at the "
-             f"same depth ({' and '.join('results/' + n for n in BENCH_FILES)}; none: not "
-             "benchmarked).", ""]
+             "same seed (the same data order), in the order of the seeds column; time and "
+             "memory: scripts/bench/depth.py at the same depth "
+             f"({' and '.join('results/' + n for n in BENCH_FILES)}; none: not benchmarked).",
+             ""]
 
     def finished(depth, row):  # the seeds of a row that have a result (all, unless partial)
         return [s for s in args.seeds if (depth, row, s) in results]
@@ -342,10 +355,11 @@ def summarise(args, results, plan, matched_of=None):
                 entry["vs_baseline"] = paired_test(blocks(depth, row), base)
                 # beside the test: the difference at each seed the two rows share (the same seed
                 # is the same data order): whether the sign holds seed by seed
+                shared = set(converged(depth, BASELINE))
                 entry["vs_baseline"]["by_seed"] = {
                     str(s): round(results[(depth, row, s)]["test_bits"]
                                   - results[(depth, BASELINE, s)]["test_bits"], 4)
-                    for s in converged(depth, row) if s in converged(depth, BASELINE)}
+                    for s in converged(depth, row) if s in shared}
             matched = matched_of.get((depth, row))
             if matched and ok and converged(depth, matched):
                 entry["vs_matched"] = dict(paired_test(blocks(depth, row),
@@ -361,12 +375,7 @@ def summarise(args, results, plan, matched_of=None):
                    else "") + f" | {entry['params'] or 0:,} | "
                 f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*test, digits=4)} | "
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
-                + (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
-                   f"{100 * (diff['ppl_ratio']['difference'] - 1):+.1f}% | "
-                   f"{NOISE_VERDICT[diff['larger_than_noise']]} | "
-                   + (" / ".join(f"{d:+.3f}" for d in diff["by_seed"].values()) or "—")
-                   if diff else
-                   ("diverged | — | — | —" if entry["diverged"] and not ok else "— | — | — | —"))
+                + test_cells(diff, all_diverged=bool(entry["diverged"]) and not ok)
                 + "".join(f" | {value:.3f}" if value is not None else " | —"
                           for value in (entry["train_time_ratio"], entry["memory_growth_ratio"]))
                 + " |")
