@@ -9,6 +9,16 @@ from helpers import PLUGIN_DIR, SCRIPTS
 
 BIN = os.path.dirname(sys.executable)
 
+# Under xdist every core already runs a worker: one intra-op thread per worker and per CLI it
+# starts (they inherit the variable). Torch's default, one thread per core in each of them,
+# oversubscribes the cores: measured on 2 cores, the three table smokes and the quick benchmark
+# suite under -n 2 took 275 s of wall time and 7.6 min of CPU, with one thread each 218 s and
+# 5.5 min. An explicit OMP_NUM_THREADS is kept.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 def cli_env():
     env = dict(os.environ)
