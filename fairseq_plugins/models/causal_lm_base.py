@@ -48,8 +48,10 @@ class CausalLMConfig(*reversed(depth.CONFIGS), fusion.CONFIG, weight_logging.Wei
     dropout: Optional[float] = option(0.0, "dropout on embeddings, attention weights and "
                                            "residual branches", minimum=0.0, maximum=1.0,
                                       metavar="P")
-    bias: Optional[bool] = option(False, "biases in Linear layers and LayerNorms (--no-bias: "
-                                         "none, as the reference's use_bias=false)")
+    bias: Optional[bool] = option(False, "biases in the blocks' Linear layers and LayerNorms "
+                                         "(--no-bias: none there, as the reference's "
+                                         "use_bias=false; a depth connection's module, e.g. "
+                                         "LRF's fuse-attention, keeps its own)")
     max_target_positions: Optional[int] = option(
         None, "context size: the positional table's length", minimum=1, metavar="N",
         default_text="--tokens-per-sample")
