@@ -58,6 +58,8 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
                                              "hc_static_n4",
                                              "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4",
                                              "frac_static_m4", "frac_dynamic_m4",
+                                             "hc_dynamic_n4_recompute", "mhc_n4_recompute",
+                                             "frac_dynamic_m4_recompute",
                                              "attn_res_full", "attn_res_block", "mudd",
                                              "value_residual", "ar_encdec", "ar_encdec_bridge",
                                              "ar_encdec_transparent",

@@ -12,21 +12,25 @@ flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Con
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
 - :mod:`.value_residual`: value residual (Zhou et al. 2024).
 
+:mod:`.recompute` (``--stream-recompute``) trades time for memory in the multi-stream methods.
+
 LRF and DWA share their flags in :mod:`.fusion` (``--encoder-fusion``,
 ``--fusion-kind``, ...), which every model family reads. :func:`build` turns a model's options
 into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:`CONFIGS`.
 """
 from typing import List, Optional
 
-from . import (attn_res, frac_connections, hyper_connections, mhc, mudd, value_residual,
-               weight_decay)
+from . import (attn_res, frac_connections, hyper_connections, mhc, mudd, recompute,
+               value_residual, weight_decay)
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
 
 METHODS = (hyper_connections, mhc, frac_connections, attn_res, mudd, value_residual)
 # the methods that own a stack's stream (a Connection each; value residual composes with any)
 STREAMS = (hyper_connections, mhc, frac_connections, attn_res, mudd)
-CONFIGS = tuple(method.CONFIG for method in METHODS) + (weight_decay.CONFIG,)
+CONFIGS = tuple(method.CONFIG for method in METHODS) + (recompute.CONFIG, weight_decay.CONFIG)
+# the methods whose streams --stream-recompute rebuilds (multi-stream connections)
+RECOMPUTED = (hyper_connections, mhc, frac_connections)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
 PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
 FLAGS = {hyper_connections: "--hyper-connections", mhc: "--mhc",
@@ -42,6 +46,9 @@ def active_flags(args) -> List[str]:
 def validate(args):
     for method in METHODS:
         method.validate(args)
+    if recompute.enabled(args) and not any(method.active(args) for method in RECOMPUTED):
+        raise ValueError(f"--stream-recompute rebuilds the streams of {recompute.METHODS_FLAGS}"
+                         " and none of them is on: add one, or drop --stream-recompute")
 
 
 def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
@@ -65,6 +72,11 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
         raise ValueError(f"{' and '.join(flag for flag, _ in chosen)} both decide what the "
                          f"{side}'s blocks read from the blocks below: choose one")
     flag, connection = chosen[0] if chosen else (None, Connection(layout))
+    if recompute.enabled(args):
+        if not isinstance(connection, hyper_connections.MultiStream):
+            raise ValueError(f"--stream-recompute needs {recompute.METHODS_FLAGS} on the "
+                             f"{side}, which has {flag or 'the plain residual'}")
+        connection.recompute = True
     if connection.needs_pre_norm and not pre_norm:
         raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
                          f"post-norm: add {pre_norm_flag}")

@@ -29,7 +29,8 @@ the mean the model at initialisation is the plain pre-norm model to float roundi
 """
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from contextlib import nullcontext
+from typing import Any, ContextManager, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from .interface import Connection, Inputs, Layout, StackState
+from .recompute import Recompute
 
 logger = logging.getLogger(__name__)
 
@@ -192,16 +194,31 @@ class MultiStream(Connection):
 
     needs_pre_norm = True
     additive = False
+    # rebuild the sub-layers' inputs and the streams inside a block in the backward pass instead
+    # of keeping them (:meth:`saving`): --stream-recompute, set at build time
+    recompute = False
 
     def __init__(self, layout: Layout, streams: int, readout: str = "mean", reads: int = 1):
         super().__init__(layout)
         self.streams, self.readout, self.reads = streams, readout, reads
+        # the sub-layers whose output streams are rebuilt in the backward pass (see write):
+        # all but each block's last
+        self._inside_block = {(i, name) for i, block in enumerate(self.layout)
+                              for name in block[:-1]}
         self.log_weights = False
         self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
 
     def start(self, x: Tensor) -> StackState:
         # R = 1: T x B x 1 x C (n equal streams); R = n: T x B x n x C/n (the fractions)
-        return StackState(x.unflatten(-1, (self.reads, -1)), None)
+        state = StackState(x.unflatten(-1, (self.reads, -1)), None)
+        if self.recompute and torch.is_grad_enabled():
+            state.scratch = Recompute()
+        return state
+
+    def saving(self, state: StackState) -> ContextManager:
+        """With ``recompute`` and a gradient, the backward pass rebuilds the sub-layers' inputs
+        and the streams between a block's sub-layers (:mod:`.recompute`)."""
+        return state.scratch.hooks() if state.scratch is not None else nullcontext()
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
@@ -211,6 +228,40 @@ class MultiStream(Connection):
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         stream = state.stream
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
+        read, mixed = self._products(alpha, stream)
+        if self.log_weights and self.training:
+            self._compose(state, alpha)
+        # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
+        # saved for the backward pass as a view it would keep all of the product alive, (n+1) C
+        # per token and sub-layer instead of C (measured: 120 MB of a 12-block LM's activations)
+        query = read.flatten(-2).contiguous()
+        rebuild = state.scratch
+        if rebuild is not None:
+            # the LayerNorm's saved input, rebuilt from alpha and the streams (kept for the
+            # product's backward anyway): C per token and sub-layer less to keep
+            rebuild.add(query, self._rebuilt_input, alpha, stream)
+            if (block, sublayer) not in self._inside_block:
+                rebuild = None
+        # write's token: the mixed streams and beta; with a gradient, for a sub-layer other than
+        # its block's last, what rebuilds the streams it writes (alpha and the streams it read)
+        return Inputs(query), (mixed, beta, None if rebuild is None else (alpha, stream))
+
+    def _rebuilt_input(self, alpha: Tensor, stream: Tensor) -> Tensor:
+        """read's ``query`` again (the same operations, the same values)."""
+        return self._products(alpha, stream)[0].flatten(-2).contiguous()
+
+    def _rebuilt_streams(self, alpha: Tensor, stream: Tensor, beta: Tensor,
+                         out: Tensor) -> Tensor:
+        """write's new streams again (the same operations, the same values)."""
+        return self._new_streams(self._products(alpha, stream)[1], beta, out)
+
+    def _new_streams(self, mixed: Tensor, beta: Tensor, out: Tensor) -> Tensor:
+        """A_r^T H + beta^T out: ``mixed`` ... x n x w, ``beta`` ... x n, ``out`` ... x C."""
+        return torch.addcmul(mixed, beta.unsqueeze(-1), out.unflatten(-1, (self.reads, -1)))
+
+    def _products(self, alpha: Tensor, stream: Tensor) -> Tuple[Tensor, Tensor]:
+        """(A_m^T H ... x R x w, A_r^T H ... x n x w) for the weights ``alpha`` (... x n x (R+n),
+        or n x (R+n) static) and the streams H (``stream``): views of one product."""
         # [A_m A_r]^T H in one matrix product per position ((R+n) x n times n x w): rows 0..R-1
         # are the sub-layer's input A_m^T H, rows R.. the mixed streams A_r^T H the write adds
         # the output to (both read the same H). The static weights are expanded to every position
@@ -224,13 +275,7 @@ class MultiStream(Connection):
             both = torch.einsum("...nk,...nc->...kc", alpha, stream)  # ... x (R+n) x w
         # split, not two slices: its backward is one concatenation, a slice's a zero-filled
         # tensor of the whole product per slice
-        read, mixed = both.split([self.reads, self.streams], dim=-2)
-        if self.log_weights and self.training:
-            self._compose(state, alpha)
-        # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
-        # saved for the backward pass as a view it would keep all of ``both`` alive, (n+1) C per
-        # token and sub-layer instead of C (measured: 120 MB of a 12-block LM's activations)
-        return Inputs(read.flatten(-2).contiguous()), (mixed, beta)
+        return both.split([self.reads, self.streams], dim=-2)
 
     def _compose(self, state: StackState, alpha: Tensor):
         """composite <- A_r^T composite (A_r^T: this sub-layer's mixing, ... x n x n)."""
@@ -240,9 +285,14 @@ class MultiStream(Connection):
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
-        mixed, beta = token  # A_r^T H (... x n x w), B (... x n)
-        state.stream = torch.addcmul(mixed, beta.unsqueeze(-1),
-                                     out.unflatten(-1, (self.reads, -1)))
+        mixed, beta, rebuild = token  # A_r^T H (... x n x w), B (... x n), see read
+        state.stream = self._new_streams(mixed, beta, out)
+        if rebuild is not None:
+            # the streams inside a block, rebuilt from the block's input streams (kept) and
+            # the sub-layers' outputs (kept for beta's gradient): n C per token and sub-layer
+            # less to keep, but for each block's output. Kept there, so that rebuilding the
+            # streams for one sub-layer's backward recomputes a block at most
+            state.scratch.add(state.stream, self._rebuilt_streams, *rebuild, beta, out)
 
     def full_streams(self, state: StackState) -> Tensor:
         """The streams, T x B x n x C (an expanded view while they are n equal copies)."""

@@ -24,6 +24,8 @@ for ``--log-layer-weights``):
 - what block i reads from the history of the stack (``history``: x_0 and every block's output,
   kept where a method asks for it): :meth:`Connection.end_block` (DWA, MUDD);
 - what the stack hands on: :meth:`Connection.finish`;
+- what autograd keeps of the stack's forward pass for the backward pass: :meth:`Connection.saving`
+  (a multi-stream connection rebuilds what it can recompute cheaply);
 - several residual streams per position (``state.stream`` T x B x n x C): :meth:`read` /
   :meth:`write` (Hyper-Connections);
 - separate inputs for a block's query, key, value and residual paths: ``Inputs.key`` /
@@ -42,7 +44,8 @@ attention projected from what it read (for value residual, the mixed values; for
 all-positions reading, the earlier steps' lower-layer keys and values).
 """
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
@@ -139,6 +142,13 @@ class Connection(nn.Module):
         if post_norm is not None:
             state.stream = post_norm(state.stream)
 
+    def saving(self, state: StackState) -> ContextManager:
+        """The context the stack's forward pass runs in: where a connection has autograd
+        rebuild, in the backward pass, tensors it can recompute cheaply instead of keeping
+        them (:class:`~.recompute.Recompute`'s hooks); the plain residual keeps what autograd
+        keeps."""
+        return nullcontext()
+
     def end_block(self, state: StackState, block: int):
         """After ``block``: keep its output where the history is kept."""
         if state.history is not None:
@@ -213,6 +223,9 @@ class Depth(nn.Module):
             raise RuntimeError(f"{type(self.connection).__name__} runs in pre-norm stacks only")
         self.connection.write(state, block, sublayer, out, token, post_norm)
 
+    def saving(self, state: StackState) -> ContextManager:
+        return self.connection.saving(state)
+
     def end_block(self, state: StackState, block: int):
         self.connection.end_block(state, block)
 
@@ -264,16 +277,17 @@ def run_blocks(depth: Depth, blocks: Sequence[nn.Module], x: Tensor,
     watched = states is not None or depth.observed
     # block i's input view is block i-1's output view: computed once, and only when read
     view = depth.view(state) if watched else None
-    for i, block in enumerate(blocks):
-        if view is not None:
-            depth.notify(view, i, "input")
-        returned = block(state, depth, **block_args(i))
-        depth.end_block(state, i)
-        if watched:
-            view = depth.view(state)
-            depth.notify(view, i, "output")
-        if states is not None:
-            states.append(view)
-        if returns is not None:
-            returns.append(returned)
-    return depth.finish(state)
+    with depth.saving(state):
+        for i, block in enumerate(blocks):
+            if view is not None:
+                depth.notify(view, i, "input")
+            returned = block(state, depth, **block_args(i))
+            depth.end_block(state, i)
+            if watched:
+                view = depth.view(state)
+                depth.notify(view, i, "output")
+            if states is not None:
+                states.append(view)
+            if returns is not None:
+                returns.append(returned)
+        return depth.finish(state)

@@ -41,6 +41,10 @@ METHODS = {
     "mhc_lite_n4": (ARCH, ["--mhc", "lite"]),
     "frac_static_m4": (ARCH, ["--frac-connections", "static"]),
     "frac_dynamic_m4": (ARCH, ["--frac-connections", "dynamic"]),
+    # the multi-stream methods rebuilding their inputs and inner streams in the backward pass
+    "hc_dynamic_n4_recompute": (ARCH, ["--hyper-connections", "dynamic", "--stream-recompute"]),
+    "mhc_n4_recompute": (ARCH, ["--mhc", "sinkhorn", "--stream-recompute"]),
+    "frac_dynamic_m4_recompute": (ARCH, ["--frac-connections", "dynamic", "--stream-recompute"]),
     "attn_res_full": (ARCH, ["--attn-res", "full"]),
     # N = 2 groups (as the WikiText-2 comparison's row): 2 layers each at 4 blocks, 6 at 12
     "attn_res_block": (ARCH, ["--attn-res", "block", "--attn-res-blocks", "2"]),
