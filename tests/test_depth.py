@@ -464,7 +464,8 @@ def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
     ("ar_encdec_lm_tiny", ["--hyper-connections", "dynamic"]),
     ("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn"]),
     ("ar_encdec_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "2"]),
-    ("gpt_baseline_lm_tiny", ["--frac-connections", "dynamic", "--frac-rate", "2"]),
+    ("gpt_baseline_lm_tiny", ["--frac-connections", "dynamic", "--frac-rate", "2",
+                              "--stream-recompute"]),
 ])
 def test_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path, arch, extra):
     assert_lm_evaluates_and_generates(lm_bin, train_lm(lm_bin, tmp_path / "ckpt", arch, *extra))
