@@ -118,3 +118,13 @@ def assert_lm_incremental_equals_full_forward(model, tokens, atol=1e-10):
         for t in range(tokens.size(1)):
             steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0])
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=atol, atol=atol)
+
+
+def move_connections(model, scale=0.3, seed=2):
+    """Every depth-connection parameter (``.depth.`` in its name) moved away from its
+    initialisation by ``scale`` times seeded Gaussian noise (dynamic maps no longer zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".depth." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))

@@ -8,7 +8,7 @@ from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one,
                      assert_lm_beam_search_scores_equal_full_forward,
                      assert_lm_incremental_equals_full_forward,
                      build_language_model, build_translation_model, incremental_decode,
-                     random_batch)
+                     move_connections, random_batch)
 
 from fairseq_plugins.depth.interface import Connection
 
@@ -666,14 +666,6 @@ def _seq2seq_with_plain_weights(extra, seed=1):
     return plain.double().eval(), model.double().eval(), task, added
 
 
-def _move_connections(model, scale=0.3, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".depth." in name:
-                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_IDENTITY))
 def test_seq2seq_initialisation_is_the_plain_pre_norm_transformer(name):
     plain, model, task, added = _seq2seq_with_plain_weights(SEQ2SEQ[name])
@@ -685,14 +677,14 @@ def test_seq2seq_initialisation_is_the_plain_pre_norm_transformer(name):
         expected = plain(src, lengths, prev)[0]
         difference = (model(src, lengths, prev)[0] - expected).abs().max().item()
         assert difference <= SEQ2SEQ_IDENTITY[name]
-        _move_connections(model)  # the connections are really in the path
+        move_connections(model)  # the connections are really in the path
         assert (model(src, lengths, prev)[0] - expected).abs().max().item() > 1e-3
 
 
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ))
 def test_seq2seq_incremental_equals_full_forward_and_beam_batch_equals_one_by_one(name):
     model, task, _ = build_translation_model("layerwise_transformer_tiny", SEQ2SEQ[name], seed=3)
-    _move_connections(model.double())
+    move_connections(model.double())
     model.eval()
     src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
     with torch.no_grad():

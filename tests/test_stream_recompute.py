@@ -7,7 +7,8 @@ import weakref
 
 import pytest
 import torch
-from helpers import build_language_model, build_translation_model, random_batch
+from helpers import (build_language_model, build_translation_model, move_connections,
+                     random_batch)
 
 from fairseq_plugins.depth import recompute
 from fairseq_plugins.depth.hyper_connections import MultiStream
@@ -35,15 +36,6 @@ def _build(arch, extra):
     return build_language_model(arch, ["--tokens-per-sample", 16, *extra], seed=1)
 
 
-def _move_connections(model, scale=0.3):
-    """Connection weights away from their initialisation (dynamic maps not zero)."""
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".depth." in name:
-                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 class _Counter:
     """Counts the tensors the backward pass rebuilds (each recipe computes once)."""
 
@@ -61,7 +53,7 @@ class _Counter:
 
 def _loss_and_grads(arch, extra, autocast=False):
     model, task, _ = _build(arch, extra)
-    _move_connections(model)
+    move_connections(model)
     model.train()  # dropout on: the same mask in both runs (the same seed before each)
     torch.manual_seed(5)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -177,7 +169,8 @@ def test_without_a_multi_stream_method_it_is_a_build_time_error(arch, extra):
 
 
 @pytest.mark.parametrize("arch,values", [
-    ("gpt_baseline_lm_mhc_tiny", {}), ("ar_encdec_lm_hyper_connections_tiny", {}), ("gpt_baseline_lm_tiny", {"frac_connections": "static"}),
+    ("gpt_baseline_lm_mhc_tiny", {}), ("ar_encdec_lm_hyper_connections_tiny", {}),
+    ("gpt_baseline_lm_tiny", {"frac_connections": "static"}),
     ("hyper_connections_transformer_tiny", {}),
 ])
 def test_both_entry_points_turn_it_on(arch, values):

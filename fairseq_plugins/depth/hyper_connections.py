@@ -235,16 +235,16 @@ class MultiStream(Connection):
         # saved for the backward pass as a view it would keep all of the product alive, (n+1) C
         # per token and sub-layer instead of C (measured: 120 MB of a 12-block LM's activations)
         query = read.flatten(-2).contiguous()
-        rebuild = state.scratch
-        if rebuild is not None:
-            # the LayerNorm's saved input, rebuilt from alpha and the streams (kept for the
-            # product's backward anyway): C per token and sub-layer less to keep
-            rebuild.add(query, self._rebuilt_input, alpha, stream)
-            if (block, sublayer) not in self._inside_block:
-                rebuild = None
         # write's token: the mixed streams and beta; with a gradient, for a sub-layer other than
         # its block's last, what rebuilds the streams it writes (alpha and the streams it read)
-        return Inputs(query), (mixed, beta, None if rebuild is None else (alpha, stream))
+        rebuild = None
+        if state.scratch is not None:
+            # the LayerNorm's saved input, rebuilt from alpha and the streams (kept for the
+            # product's backward anyway): C per token and sub-layer less to keep
+            state.scratch.add(query, self._rebuilt_input, alpha, stream)
+            if (block, sublayer) in self._inside_block:
+                rebuild = (alpha, stream)
+        return Inputs(query), (mixed, beta, rebuild)
 
     def _rebuilt_input(self, alpha: Tensor, stream: Tensor) -> Tensor:
         """read's ``query`` again (the same operations, the same values)."""

@@ -114,11 +114,12 @@ class Recompute:
 
     def _pack(self, saved: Tensor):
         recipe = self._recipe(saved)
-        if recipe is None or saved.dtype != (saved._base if saved._base is not None
-                                             else saved).dtype:
+        if recipe is None:
             return saved
         if saved._base is None:
             return recipe
+        if saved.dtype != saved._base.dtype:  # a reinterpreting view: kept as it is
+            return saved
         # a view (a reader's flatten or reshape): the same view of the rebuilt tensor
         return recipe, saved.size(), saved.stride(), saved.storage_offset()
 
