@@ -227,3 +227,42 @@ def test_the_ranking_across_depths_and_its_rank_correlation():
     partial, lines = comparison.ranking_across_depths(
         {"4": table(shallow), "12": table({"a": -0.1, "b": 0.0})})
     assert partial["spearman"] is None and partial["rows"] == ["a", "b"] and lines == []
+
+
+def test_kept_runs_let_a_fresh_output_folder_resume_without_training(lm_bin, tmp_path,
+                                                                      monkeypatch, capsys):
+    """--keep-runs: what the report reads of each finished run is copied to the kept folder
+    (committed), and a new machine's empty output folder takes the runs from there: the same
+    report and figures, nothing trained again."""
+    kept = tmp_path / "kept"
+    argv = ["--data", str(lm_bin), "--rows", "baseline,mhc_lite", *TINY, "--keep-runs",
+            str(kept)]
+    assert comparison.main([*argv, "--out-dir", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "results.json").read_text())
+    run = kept / "d2" / "mhc_lite" / "seed1"
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
+        "analysis/analysis.json", "result.json", "test_blocks.npy"]
+    assert (kept / "dictionary.sha256").exists()
+
+    def no_training(cmd, log=None, append=False):
+        raise AssertionError(f"trained again: {cmd}")
+    monkeypatch.setattr(comparison.runs, "run_logged", no_training)
+    fresh = tmp_path / "fresh"
+    assert comparison.main([*argv, "--out-dir", str(fresh)]) == 0
+    again = json.loads((fresh / "results.json").read_text())
+    for report in (first, again):
+        report.pop("written")
+    assert again == first
+    assert (fresh / "weights_d2.png").stat().st_size > 0  # from the kept first-seed analysis
+    assert np.array_equal(np.load(fresh / "d2" / "mhc_lite" / "seed1" / "test_blocks.npy"),
+                          np.load(run / "test_blocks.npy"))
+    # a report alone takes them too
+    assert comparison.main([*argv, "--out-dir", str(tmp_path / "report"), "--report-only"]) == 0
+    assert json.loads((tmp_path / "report" / "results.json").read_text())["depths"] == \
+        first["depths"]
+    # kept runs made with another dictionary are refused before anything runs
+    (kept / "dictionary.sha256").write_text("0" * 64 + "\n")
+    capsys.readouterr()
+    assert comparison.main([*argv, "--out-dir", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "another dictionary than the runs in" in err and "another --keep-runs" in err

@@ -22,13 +22,18 @@ composite stream mixing, kept as the last logged value. Checkpoints are deleted 
 Resumable: a finished run (``result.json`` in its folder) is skipped when the script runs again;
 an unfinished one continues from its last checkpoint (one every ``--save-interval-updates``
 updates, 100 by default) when it has one of the same recipe, else starts again from scratch.
+``--keep-runs DIR`` also copies each finished run's ``result.json``, ``test_blocks.npy`` and (first
+seed) ``analysis/analysis.json`` to DIR, and takes a finished run from there when the output
+folder lacks it: the output folder is scratch space (checkpoints, logs), lost with the machine;
+DIR is committed (``results/lm_depth_runs``), so that a fresh clone resumes where the last
+commit left off and rewrites the tables from it.
 Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
 threads (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
 d = 128 model does not keep two threads busy). Bad input (an unknown row, a missing data folder,
-a data folder whose dictionary differs from the one this output folder was started with) stops
-with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
+a data folder whose dictionary differs from the one the output or kept runs' folder was started
+with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
 
 Data: ``python scripts/prepare/lm.py --dataset wikitext-2 --from ../shared/data/wikitext-2``
@@ -87,6 +92,8 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
 NOISE_VERDICT = {True: "yes", False: "no", None: "not judged (1 seed)"}
+# what --keep-runs keeps of a finished run: all that the report and the figures read
+KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analysis.json"))
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
@@ -151,17 +158,22 @@ def check_inputs(args):
                              "first (python scripts/prepare/lm.py --dataset wikitext-2 ...)")
     with open(data_dict, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    stamp = os.path.join(args.out_dir, "dictionary.sha256")
-    if os.path.exists(stamp):
-        with open(stamp) as f:
-            started = f.read().strip()
-        if started != digest:
-            raise InputError(f"{args.data} was prepared with another dictionary than the runs "
-                             f"in {args.out_dir} (dict.txt sha256 {digest[:12]}, the runs' "
-                             f"{started[:12]}): use that data or another --out-dir")
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(stamp, "w") as f:
-        f.write(digest + "\n")
+    # the kept runs too: a fresh clone's data must be prepared with their dictionary
+    folders = [(args.out_dir, "--out-dir")] + ([(args.keep_runs, "--keep-runs")]
+                                               if args.keep_runs else [])
+    for folder, flag in folders:
+        stamp = os.path.join(folder, "dictionary.sha256")
+        if os.path.exists(stamp):
+            with open(stamp) as f:
+                started = f.read().strip()
+            if started != digest:
+                raise InputError(f"{args.data} was prepared with another dictionary than the "
+                                 f"runs in {folder} (dict.txt sha256 {digest[:12]}, the runs' "
+                                 f"{started[:12]}): use that data or another {flag}")
+    for folder, _ in folders:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "dictionary.sha256"), "w") as f:
+            f.write(digest + "\n")
 
 
 def score_blocks(checkpoint, data, subset):
@@ -192,8 +204,36 @@ def score_blocks(checkpoint, data, subset):
     return np.array(out)
 
 
-def train_and_score(args, run_dir, row, depth, seed, recipe):
+def finished_run(run_dir, kept_dir, recipe):
+    """A finished run's result, or None. With ``--keep-runs`` the two folders are made to agree:
+    a run finished in the output folder is copied to the kept one (KEPT_FILES), and a kept run
+    missing from the output folder (a new machine, a fresh clone) is copied back into it."""
     done = runs.load_result(run_dir, recipe)
+    if kept_dir is None:
+        return done
+    if done is None:
+        kept = runs.load_result(kept_dir, recipe)
+        if kept is not None:
+            runs.fresh_run_dir(run_dir)
+            copy_files(kept_dir, run_dir)
+        return kept
+    if runs.load_result(kept_dir, recipe) is None:
+        copy_files(run_dir, kept_dir)
+    return done
+
+
+def copy_files(source, target):
+    """KEPT_FILES from one run folder to another (those the run has: a diverged run has only its
+    result, a later seed no analysis); the result last, so that a copy broken off part-way is
+    not a finished run."""
+    for name in sorted(KEPT_FILES, key=lambda n: n == "result.json"):
+        if os.path.exists(os.path.join(source, name)):
+            os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
+            shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+
+
+def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
+    done = finished_run(run_dir, kept_dir, recipe)
     if done is not None:
         return done
     # an interrupted run with a checkpoint of the same recipe continues from it (fairseq seeds
@@ -224,7 +264,8 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
             raise
         result.update(diverged=True, error=str(e)[-500:], valid_bits=None, test_bits=None,
                       valid_ppl=None, test_ppl=None, params=None)
-        return runs.save_result(run_dir, result)
+        runs.save_result(run_dir, result)
+        return finished_run(run_dir, kept_dir, recipe)
     # a resumed run logs again the updates after its checkpoint: the last record per update
     logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
     losses, gains = [], {}
@@ -249,7 +290,8 @@ def train_and_score(args, run_dir, row, depth, seed, recipe):
     for name in os.listdir(run_dir):  # the checkpoints are not kept (tens of MB per run)
         if name.endswith(".pt") or name == STARTED:
             os.remove(os.path.join(run_dir, name))
-    return runs.save_result(run_dir, result)
+    runs.save_result(run_dir, result)
+    return finished_run(run_dir, kept_dir, recipe)
 
 
 def bench_ratios():
@@ -491,6 +533,10 @@ def main(argv=None):
                         "(0: none; not part of the recipe: it does not change the run)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each with the cores / jobs threads")
+    p.add_argument("--keep-runs", metavar="DIR",
+                   help="also keep every finished run's result, test-block scores and (first "
+                        "seed) layer analysis in DIR, and take finished runs from there: a "
+                        "committed DIR lets a fresh clone resume the comparison")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: the tables of the runs finished so far (each row over "
                         "the seeds it has)")
@@ -537,16 +583,21 @@ def main(argv=None):
     def run_dir(depth, row, seed):
         return os.path.join(args.out_dir, f"d{depth}", row, f"seed{seed}")
 
+    def kept_dir(depth, row, seed):
+        return (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
+                if args.keep_runs else None)
+
     def run(index, depth, row, seed):
         print(f"[{index + 1}/{len(order)}] {row} at {depth} blocks, seed {seed}",
               file=sys.stderr, flush=True)
-        return train_and_score(args, run_dir(depth, row, seed), row, depth, seed,
-                               recipe_of(depth, row))
+        return train_and_score(args, run_dir(depth, row, seed), kept_dir(depth, row, seed), row,
+                               depth, seed, recipe_of(depth, row))
 
     results = {}
     if args.report_only:
         for depth, row, seed in order:
-            done = runs.load_result(run_dir(depth, row, seed), recipe_of(depth, row))
+            done = finished_run(run_dir(depth, row, seed), kept_dir(depth, row, seed),
+                                recipe_of(depth, row))
             if done is not None:
                 results[(depth, row, seed)] = done
     else:
