@@ -162,3 +162,14 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     assert depth.chosen_rows(None) == list(depth.METHODS)
     with pytest.raises(SystemExit, match="unknown row.s. hc_sideways; known: plain, dwa"):
         depth.chosen_rows("plain,hc_sideways")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--depths", "3", "--rows", "attn_res_block,mudd"],
+     "--depths 3: a positive number of blocks, even for attn_res_block"),
+    (["--depths", "12,0", "--rows", "mudd"], "--depths 0: a positive number of blocks$"),
+])
+def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, message):
+    depth = paths.load_script("bench", "depth.py")
+    with pytest.raises(SystemExit, match=message):
+        depth.run(depth.parser().parse_args(flags))

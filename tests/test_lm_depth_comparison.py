@@ -266,3 +266,41 @@ def test_kept_runs_let_a_fresh_output_folder_resume_without_training(lm_bin, tmp
     assert comparison.main([*argv, "--out-dir", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err
     assert "another dictionary than the runs in" in err and "another --keep-runs" in err
+
+
+fp16_check = paths.load_script("experiments", "lm_fp16_check.py")
+
+
+def test_fp16_check_refuses_bad_input_and_a_machine_without_cuda(lm_bin, tmp_path, capsys,
+                                                                  monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    assert fp16_check.main(["--data", str(lm_bin), "--out-dir", str(out), "--rows",
+                            "baseline,hc_sideways"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: unknown row(s) hc_sideways; no CUDA device: this checks fairseq's "
+                   "GPU fp16") and not out.exists()
+
+
+def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_path):
+    """The GPU check's run on this machine in fp32 (its fp16 twin needs CUDA): the comparison's
+    model, recipe and scoring; a diverged run is reported as such in the table."""
+    import argparse
+
+    args = argparse.Namespace(data=str(lm_bin), out_dir=str(tmp_path), depth=2, updates=3,
+                              embed_dim=16, device="cpu")
+    result = fp16_check.train_and_score(args, "mhc_lite", "fp32")
+    assert not result["diverged"] and result["min_loss_scale"] is None
+    assert 0 < result["valid_bits"] < np.log2(40) and result["last_train_loss"] > 0
+    assert result["flags"] == comparison.row_spec("mhc_lite", 2, 16)[1]
+    assert not any(p.suffix == ".pt" for p in (tmp_path / "mhc_lite" / "fp32").iterdir())
+    report = {"written": "Written", "gpu": "a GPU", "depth": 2, "embed_dim": 16, "updates": 3,
+              "rows": {"mhc_lite": {"fp32": result, "fp16": dict(result, valid_bits=result[
+                  "valid_bits"] + 0.01, min_loss_scale=16.0)},
+                       "baseline": {"fp32": result, "fp16": {"diverged": True}}}}
+    table = fp16_check.markdown(report)
+    assert f"| mhc_lite | {result['valid_bits']:.4f} | {result['valid_bits'] + 0.01:.4f} | " \
+           "+0.0100 |" in table
+    assert f"| baseline | {result['valid_bits']} | diverged | — |" in table

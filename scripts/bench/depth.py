@@ -2,6 +2,7 @@
 """Speed and memory of the depth connections in the decoder-only LM against the plain model.
 
     python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--rows plain,mudd,...]
+        [--depths 4,12]
         [--out results/bench_depth_cpu.json]
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
@@ -118,10 +119,16 @@ def run(args):
         windows = dict(train=2, steps=1, warmup=1, gen=1)
         embed_dim = 32
     else:
-        depths = (4, 12)
+        depths = tuple(args.depths)
         cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
         embed_dim = 128
     names = chosen_rows(args.rows)
+    # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
+    halved = [n for n in names if METHODS[n][0] == "ar_encdec_lm" or n == "attn_res_block"]
+    for layers in depths:
+        if layers < 1 or (halved and layers % 2):
+            raise SystemExit(f"depth.py: --depths {layers}: a positive number of blocks"
+                             + (f", even for {', '.join(halved)}" if halved else ""))
     if not args.quick:  # every model in every slot of the rotation
         windows = dict(train=len(names), steps=2, warmup=2, gen=1)
     script = os.path.abspath(lm.__file__)
@@ -129,6 +136,8 @@ def run(args):
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "embed_dim": embed_dim, "depths": {},
               "targets": common.describe_targets("depth")}
+    if args.device.startswith("cuda"):  # absolute times mean something only with the card named
+        report["gpu"] = torch.cuda.get_device_name(args.device)
     for layers in depths:
         models = {name: (METHODS[name][0], sizes(METHODS[name][0], embed_dim, layers)
                          + METHODS[name][1]) for name in names}
@@ -184,6 +193,9 @@ def parser():
     p = common.bench_parser(__doc__.split("\n\n")[0])
     p.add_argument("--rows", help="comma-separated rows to measure (default: every row; the "
                    f"plain model always): {', '.join(METHODS)}")
+    p.add_argument("--depths", type=lambda t: [int(x) for x in t.split(",") if x],
+                   default=[4, 12], help="total blocks of each measured size (not with --quick, "
+                   "which measures 2); default 4,12")
     return p
 
 

@@ -176,16 +176,17 @@ def check_inputs(args):
             f.write(digest + "\n")
 
 
-def score_blocks(checkpoint, data, subset):
+def score_blocks(checkpoint, data, subset, device="cpu"):
     """Per block of ``subset``: (NLL in bits, tokens), n_blocks x 2 (blocks of the context
-    length, each scored from its first token, as fairseq-eval-lm's default)."""
+    length, each scored from its first token, as fairseq-eval-lm's default), in fp32 on
+    ``device``."""
     import torch
 
     from fairseq import checkpoint_utils
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [checkpoint], arg_overrides={"data": data})
-    model = models[0].eval()
+    model = models[0].float().to(device).eval()
     task.load_dataset(subset)
     dataset = task.dataset(subset)
     pad = task.source_dictionary.pad()
@@ -194,9 +195,9 @@ def score_blocks(checkpoint, data, subset):
         for start in range(0, len(dataset), 32):
             batch = dataset.collater([dataset[i] for i in range(start,
                                                                 min(start + 32, len(dataset)))])
-            logits = model(batch["net_input"]["src_tokens"])[0]
+            logits = model(batch["net_input"]["src_tokens"].to(device))[0]
             lprobs = torch.log_softmax(logits.float(), dim=-1)
-            target = batch["target"]
+            target = batch["target"].to(device)
             nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             mask = target.ne(pad)
             out += [[float((nll[b] * mask[b]).sum()) / math.log(2), int(mask[b].sum())]

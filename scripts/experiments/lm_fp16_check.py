@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""fairseq's fp16 training of every row of the WikiText-2 comparison, against fp32 (a GPU check).
+
+    python scripts/experiments/lm_fp16_check.py --data data-bin/wikitext-2 [--rows baseline,mhc]
+        [--depth 12] [--updates 300] [--jobs 8] [--out-dir outputs/lm-fp16]
+
+Each row of ``lm_depth_comparison.py`` (its architecture, size and recipe, seed 1, ``--updates``
+updates) is trained twice on the GPU by ``fairseq-train``: in fp32 and with ``--fp16`` (fairseq's
+mixed precision: fp16 weights and activations, fp32 master weights, dynamic loss scaling). Per
+run: the validation bits per token of its last checkpoint (scored in fp32, as the comparison
+scores), the mean of its last three logged training losses, and for fp16 the smallest loss scale
+logged (where the scale fell, gradients overflowed) or the error if the run diverged. The
+difference fp16 - fp32 is the result: the two runs see the same data in the same order, so it is
+what half precision changes (plus the GPU's own run-to-run nondeterminism, which is small at
+this size). Writes ``results.{json,md}`` into ``--out-dir`` as the runs finish. Refuses to run without CUDA: the
+point is fairseq's CUDA fp16 path (the CPU-side reduced-precision tests are
+``tests/test_precision.py``).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+from layerlab import fairseq_log, paths, runs
+
+comparison = paths.load_script("experiments", "lm_depth_comparison.py")
+PRECISIONS = {"fp32": [], "fp16": ["--fp16"]}
+
+
+def train_and_score(args, row, precision):
+    run_dir = runs.fresh_run_dir(os.path.join(args.out_dir, row, precision))
+    arch, flags = comparison.row_spec(row, args.depth, args.embed_dim)
+    log = os.path.join(run_dir, "train.log")
+    result = {"row": row, "precision": precision, "arch": arch, "flags": flags,
+              "depth": args.depth, "updates": args.updates}
+    start = time.time()
+    try:
+        runs.run_logged(runs.train_command(args.data, run_dir, 1, [
+            "--arch", arch, *flags, *comparison.recipe_flags(args.updates),
+            *PRECISIONS[precision]]), log)
+    except runs.StepError as e:  # a diverged fp16 run is a result of the row
+        return dict(result, diverged=True, error=str(e)[-400:])
+    records = list(fairseq_log.records(log, "train_inner"))
+    losses = [float(r["loss"]) for r in records]
+    scales = [float(r["loss_scale"]) for r in records if "loss_scale" in r]
+    blocks = comparison.score_blocks(os.path.join(run_dir, "checkpoint_last.pt"), args.data,
+                                     "valid", device=args.device)
+    for name in os.listdir(run_dir):
+        if name.endswith(".pt"):
+            os.remove(os.path.join(run_dir, name))
+    return dict(result, diverged=False, seconds=round(time.time() - start, 1),
+                last_train_loss=round(sum(losses[-3:]) / len(losses[-3:]), 4),
+                valid_bits=round(float(blocks[:, 0].sum() / blocks[:, 1].sum()), 4),
+                min_loss_scale=min(scales) if scales else None)
+
+
+def markdown(report):
+    lines = [report["written"], "",
+             f"Every comparison row at {report['depth']} blocks, d={report['embed_dim']}, seed 1, "
+             f"{report['updates']} updates of the comparison's recipe, trained by fairseq-train "
+             f"on {report['gpu']} in fp32 and with --fp16; validation bits per token of the last "
+             "checkpoint (scored in fp32); training loss: mean of the last three logged "
+             "intervals.", "",
+             "| row | fp32 valid bits | fp16 valid bits | Δ (fp16 - fp32) | fp32 train loss | "
+             "fp16 train loss | smallest fp16 loss scale |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for row, r in report["rows"].items():
+        if len(r) < len(PRECISIONS):  # its twin not finished yet
+            continue
+        a, b = r["fp32"], r["fp16"]
+        if a.get("diverged") or b.get("diverged"):
+            lines.append(f"| {row} | {'diverged' if a.get('diverged') else a['valid_bits']} | "
+                         f"{'diverged' if b.get('diverged') else b['valid_bits']} | — | — | — | — |")
+            continue
+        lines.append(f"| {row} | {a['valid_bits']:.4f} | {b['valid_bits']:.4f} | "
+                     f"{b['valid_bits'] - a['valid_bits']:+.4f} | {a['last_train_loss']:.3f} | "
+                     f"{b['last_train_loss']:.3f} | {b['min_loss_scale']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="data-bin/wikitext-2")
+    p.add_argument("--out-dir", default="outputs/lm-fp16")
+    p.add_argument("--rows", type=comparison.parse_list, default=list(comparison.ROWS))
+    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--updates", type=int, default=300)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--jobs", type=int, default=8, help="runs at once (they share the GPU)")
+    args = p.parse_args(argv)
+    import torch
+
+    unknown = [r for r in args.rows if r not in comparison.ROWS]
+    problems = ([f"unknown row(s) {', '.join(unknown)}"] if unknown else []) + (
+        ["--jobs: at least 1"] if args.jobs < 1 else []) + (
+        [] if torch.cuda.is_available() else ["no CUDA device: this checks fairseq's GPU fp16"])
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    args.device = "cuda"
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    tasks = [(args, row, precision) for row in args.rows for precision in PRECISIONS]
+    command = " ".join(["python scripts/experiments/lm_fp16_check.py",
+                        *(sys.argv[1:] if argv is None else map(str, argv))])
+    report = {"written": f"Written {time.strftime('%Y-%m-%d')} by `{command}` with "
+                         f"{runs.package_version()}, torch {torch.__version__}.",
+              "gpu": torch.cuda.get_device_name(), "depth": args.depth,
+              "embed_dim": args.embed_dim, "updates": args.updates, "rows": {}}
+    os.makedirs(args.out_dir, exist_ok=True)
+    for (_, row, precision), result in runs.in_parallel(train_and_score, tasks, args.jobs):
+        report["rows"].setdefault(row, {})[precision] = result
+        print(f"{row} {precision}: {result.get('valid_bits', 'diverged')}", file=sys.stderr,
+              flush=True)
+        # written as the runs finish (rows in --rows order): a check stopped part-way keeps them
+        report["rows"] = {r: report["rows"][r] for r in args.rows if r in report["rows"]}
+        with open(os.path.join(args.out_dir, "results.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        with open(os.path.join(args.out_dir, "results.md"), "w") as f:
+            f.write(markdown(report) + "\n")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
