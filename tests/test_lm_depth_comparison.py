@@ -299,8 +299,11 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
     report = {"written": "Written", "gpu": "a GPU", "depth": 2, "embed_dim": 16, "updates": 3,
               "rows": {"mhc_lite": {"fp32": result, "fp16": dict(result, valid_bits=result[
                   "valid_bits"] + 0.01, min_loss_scale=16.0)},
-                       "baseline": {"fp32": result, "fp16": {"diverged": True}}}}
+                       "baseline": {"fp32": result, "fp16": {"diverged": True, "error": "x"}},
+                       "dwa": {"fp32": result, "fp16": {"diverged": False, "failed": True,
+                                                        "error": "ValueError"}}}}
     table = fp16_check.markdown(report)
     assert f"| mhc_lite | {result['valid_bits']:.4f} | {result['valid_bits'] + 0.01:.4f} | " \
            "+0.0100 |" in table
-    assert f"| baseline | {result['valid_bits']} | diverged | — |" in table
+    assert f"| baseline | {result['valid_bits']:.4f} | diverged | — |" in table
+    assert f"| dwa | {result['valid_bits']:.4f} | failed (its error: results.json) | — |" in table

@@ -5,8 +5,9 @@
         [--depth 12] [--updates 300] [--jobs 8] [--out-dir outputs/lm-fp16]
 
 Each row of ``lm_depth_comparison.py`` (its architecture, size and recipe, seed 1, ``--updates``
-updates) is trained twice on the GPU by ``fairseq-train``: in fp32 and with ``--fp16`` (fairseq's
-mixed precision: fp16 weights and activations, fp32 master weights, dynamic loss scaling). Per
+updates) is trained twice on the GPU by ``fairseq-train``: in fp32 and with ``--fp16 --fp16-no-flatten-grads`` (fairseq's
+mixed precision: fp16 weights and activations, fp32 master weights, dynamic loss scaling; the
+second flag keeps the depth connections out of the weight decay, see PRECISIONS). Per
 run: the validation bits per token of its last checkpoint (scored in fp32, as the comparison
 scores), the mean of its last three logged training losses, and for fp16 the smallest loss scale
 logged (where the scale fell, gradients overflowed) or the error if the run diverged. The
@@ -25,7 +26,11 @@ import time
 from layerlab import fairseq_log, paths, runs
 
 comparison = paths.load_script("experiments", "lm_depth_comparison.py")
-PRECISIONS = {"fp32": [], "fp16": ["--fp16"]}
+# --fp16-no-flatten-grads: fairseq's default fp16 optimizer flattens every parameter into one
+# tensor, which leaves no way to keep the depth connections out of the weight decay (the
+# recipe's --weight-decay): fairseq_plugins.depth refuses that combination at build time and
+# names this flag (used for every row alike)
+PRECISIONS = {"fp32": [], "fp16": ["--fp16", "--fp16-no-flatten-grads"]}
 
 
 def train_and_score(args, row, precision):
@@ -39,8 +44,11 @@ def train_and_score(args, row, precision):
         runs.run_logged(runs.train_command(args.data, run_dir, 1, [
             "--arch", arch, *flags, *comparison.recipe_flags(args.updates),
             *PRECISIONS[precision]]), log)
-    except runs.StepError as e:  # a diverged fp16 run is a result of the row
-        return dict(result, diverged=True, error=str(e)[-400:])
+    except runs.StepError as e:
+        # a loss that became NaN / inf (or a loss scale at its floor) is a result of the row;
+        # any other failure too, but not a divergence: reported as failed, with its error
+        diverged = "FloatingPointError" in str(e) or "nan" in str(e).lower()
+        return dict(result, diverged=diverged, failed=not diverged, error=str(e)[-400:])
     records = list(fairseq_log.records(log, "train_inner"))
     losses = [float(r["loss"]) for r in records]
     scales = [float(r["loss_scale"]) for r in records if "loss_scale" in r]
@@ -53,6 +61,12 @@ def train_and_score(args, row, precision):
                 last_train_loss=round(sum(losses[-3:]) / len(losses[-3:]), 4),
                 valid_bits=round(float(blocks[:, 0].sum() / blocks[:, 1].sum()), 4),
                 min_loss_scale=min(scales) if scales else None)
+
+
+def outcome(run):
+    if run.get("error"):
+        return "diverged" if run["diverged"] else "failed (its error: results.json)"
+    return f"{run['valid_bits']:.4f}"
 
 
 def markdown(report):
@@ -68,9 +82,8 @@ def markdown(report):
         if len(r) < len(PRECISIONS):  # its twin not finished yet
             continue
         a, b = r["fp32"], r["fp16"]
-        if a.get("diverged") or b.get("diverged"):
-            lines.append(f"| {row} | {'diverged' if a.get('diverged') else a['valid_bits']} | "
-                         f"{'diverged' if b.get('diverged') else b['valid_bits']} | — | — | — | — |")
+        if a.get("error") or b.get("error"):
+            lines.append(f"| {row} | {outcome(a)} | {outcome(b)} | — | — | — | — |")
             continue
         lines.append(f"| {row} | {a['valid_bits']:.4f} | {b['valid_bits']:.4f} | "
                      f"{b['valid_bits'] - a['valid_bits']:+.4f} | {a['last_train_loss']:.3f} | "
