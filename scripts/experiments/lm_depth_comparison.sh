@@ -4,7 +4,8 @@
 # readings, Hyper-Connections, mHC, mHC-lite, Frac-Connections, AttnRes, MUDD, value residual,
 # ar_encdec_lm plain / with the bridges / with its embedding loss, matched-parameter baselines)
 # at 4 and 12 blocks, 3 seeds, 800 updates. Resumable: finished runs (result.json) are skipped
-# when it is run again. Copies the tables to results/lm_depth_comparison_cpu.{json,md}.
+# when it is run again, and every finished run is also kept in results/lm_depth_runs (commit it:
+# a fresh clone resumes from there). Copies the tables to results/lm_depth_comparison_cpu.{json,md}.
 #   [WIKITEXT_FROM=DIR] [ROWS=a,b] [DEPTHS=4,12] [SEEDS=1,2,3] [JOBS=2]
 #       bash scripts/experiments/lm_depth_comparison.sh [OUT_ROOT]
 #   (OUT_ROOT default: outputs/lm-depth; WIKITEXT_FROM default: ../shared/data/wikitext-2;
@@ -16,5 +17,5 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/lm-depth}
 python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
 python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
-    --results-name lm_depth_comparison_cpu ${ROWS:+--rows "$ROWS"} ${DEPTHS:+--depths "$DEPTHS"} \
+    --keep-runs results/lm_depth_runs --results-name lm_depth_comparison_cpu ${ROWS:+--rows "$ROWS"} ${DEPTHS:+--depths "$DEPTHS"} \
     ${SEEDS:+--seeds "$SEEDS"} --jobs "${JOBS:-2}"
