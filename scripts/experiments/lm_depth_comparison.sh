@@ -17,5 +17,6 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/lm-depth}
 python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
 python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
-    --keep-runs results/lm_depth_runs --results-name lm_depth_comparison_cpu ${ROWS:+--rows "$ROWS"} ${DEPTHS:+--depths "$DEPTHS"} \
-    ${SEEDS:+--seeds "$SEEDS"} --jobs "${JOBS:-2}"
+    --keep-runs results/lm_depth_runs --results-name lm_depth_comparison_cpu \
+    ${ROWS:+--rows "$ROWS"} ${DEPTHS:+--depths "$DEPTHS"} ${SEEDS:+--seeds "$SEEDS"} \
+    --jobs "${JOBS:-2}"
