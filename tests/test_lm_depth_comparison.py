@@ -307,3 +307,18 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
            "+0.0100 |" in table
     assert f"| baseline | {result['valid_bits']:.4f} | diverged | — |" in table
     assert f"| dwa | {result['valid_bits']:.4f} | failed (its error: results.json) | — |" in table
+
+
+def test_a_kept_run_of_another_recipe_is_an_error_not_a_result(tmp_path):
+    """finished_run: a kept run lends its result only to the recipe that made it."""
+    kept, run = tmp_path / "kept", tmp_path / "run"
+    kept.mkdir()
+    (kept / "result.json").write_text(json.dumps({"recipe": {"updates": 800}, "test_bits": 5.7}))
+    (kept / "test_blocks.npy").write_bytes(b"")
+    assert comparison.finished_run(str(run), str(kept), {"updates": 800})["test_bits"] == 5.7
+    assert (run / "result.json").exists() and (run / "test_blocks.npy").exists()
+    with pytest.raises(comparison.runs.StepError, match="made with another recipe"):
+        comparison.finished_run(str(tmp_path / "other"), str(kept), {"updates": 400})
+    assert not (tmp_path / "other").exists()
+    # nothing kept and nothing finished: not a finished run
+    assert comparison.finished_run(str(tmp_path / "new"), str(tmp_path / "none"), {}) is None
