@@ -297,6 +297,7 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
     assert result["flags"] == comparison.row_spec("mhc_lite", 2, 16)[1]
     assert not any(p.suffix == ".pt" for p in (tmp_path / "mhc_lite" / "fp32").iterdir())
     report = {"written": "Written", "gpu": "a GPU", "depth": 2, "embed_dim": 16, "updates": 3,
+              "fp16_flags": fp16_check.PRECISIONS["fp16"],
               "rows": {"mhc_lite": {"fp32": result, "fp16": dict(result, valid_bits=result[
                   "valid_bits"] + 0.01, min_loss_scale=16.0)},
                        "baseline": {"fp32": result, "fp16": {"diverged": True, "error": "x"}},
@@ -307,6 +308,7 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
            "+0.0100 |" in table
     assert f"| baseline | {result['valid_bits']:.4f} | diverged | — |" in table
     assert f"| dwa | {result['valid_bits']:.4f} | failed (its error: results.json) | — |" in table
+    assert "with --fp16 --fp16-no-flatten-grads;" in table
 
 
 def test_a_kept_run_of_another_recipe_is_an_error_not_a_result(tmp_path):

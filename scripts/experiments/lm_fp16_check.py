@@ -5,17 +5,17 @@
         [--depth 12] [--updates 300] [--jobs 8] [--out-dir outputs/lm-fp16]
 
 Each row of ``lm_depth_comparison.py`` (its architecture, size and recipe, seed 1, ``--updates``
-updates) is trained twice on the GPU by ``fairseq-train``: in fp32 and with ``--fp16 --fp16-no-flatten-grads`` (fairseq's
-mixed precision: fp16 weights and activations, fp32 master weights, dynamic loss scaling; the
-second flag keeps the depth connections out of the weight decay, see PRECISIONS). Per
-run: the validation bits per token of its last checkpoint (scored in fp32, as the comparison
-scores), the mean of its last three logged training losses, and for fp16 the smallest loss scale
-logged (where the scale fell, gradients overflowed) or the error if the run diverged. The
-difference fp16 - fp32 is the result: the two runs see the same data in the same order, so it is
-what half precision changes (plus the GPU's own run-to-run nondeterminism, which is small at
-this size). Writes ``results.{json,md}`` into ``--out-dir`` as the runs finish. Refuses to run without CUDA: the
-point is fairseq's CUDA fp16 path (the CPU-side reduced-precision tests are
-``tests/test_precision.py``).
+updates) is trained twice on the GPU by ``fairseq-train``: in fp32 and with ``--fp16
+--fp16-no-flatten-grads`` (fairseq's mixed precision: fp16 weights and activations, fp32 master
+weights, dynamic loss scaling; the second flag keeps the depth connections out of the weight
+decay, see PRECISIONS). Per run: the validation bits per token of its last checkpoint (scored in
+fp32, as the comparison scores), the mean of its last three logged training losses, and for fp16
+the smallest loss scale logged (where the scale fell, gradients overflowed) or the error if the
+run diverged or failed. The difference fp16 - fp32 is the result: the two runs see the same data
+in the same order, so it is what half precision changes (plus the GPU's run-to-run
+nondeterminism: none between two H100 runs of the same fp32 rows). Writes ``results.{json,md}``
+into ``--out-dir`` as the runs finish. Refuses to run without CUDA: the point is fairseq's CUDA
+fp16 path (the CPU-side reduced-precision tests are ``tests/test_precision.py``).
 """
 import argparse
 import json
@@ -71,11 +71,11 @@ def outcome(run):
 
 def markdown(report):
     lines = [report["written"], "",
-             f"Every comparison row at {report['depth']} blocks, d={report['embed_dim']}, seed 1, "
+             f"Comparison rows at {report['depth']} blocks, d={report['embed_dim']}, seed 1, "
              f"{report['updates']} updates of the comparison's recipe, trained by fairseq-train "
-             f"on {report['gpu']} in fp32 and with --fp16; validation bits per token of the last "
-             "checkpoint (scored in fp32); training loss: mean of the last three logged "
-             "intervals.", "",
+             f"on {report['gpu']} in fp32 and with {' '.join(report['fp16_flags'])}; validation "
+             "bits per token of the last checkpoint (scored in fp32); training loss: mean of the "
+             "last three logged intervals.", "",
              "| row | fp32 valid bits | fp16 valid bits | Δ (fp16 - fp32) | fp32 train loss | "
              "fp16 train loss | smallest fp16 loss scale |", "|---|---:|---:|---:|---:|---:|---:|"]
     for row, r in report["rows"].items():
@@ -118,7 +118,8 @@ def main(argv=None):
     report = {"written": f"Written {time.strftime('%Y-%m-%d')} by `{command}` with "
                          f"{runs.package_version()}, torch {torch.__version__}.",
               "gpu": torch.cuda.get_device_name(), "depth": args.depth,
-              "embed_dim": args.embed_dim, "updates": args.updates, "rows": {}}
+              "embed_dim": args.embed_dim, "updates": args.updates,
+              "fp16_flags": PRECISIONS["fp16"], "rows": {}}
     os.makedirs(args.out_dir, exist_ok=True)
     for (_, row, precision), result in runs.in_parallel(train_and_score, tasks, args.jobs):
         report["rows"].setdefault(row, {})[precision] = result
