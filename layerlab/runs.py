@@ -23,6 +23,13 @@ class StepError(Exception):
     """A command of an experiment failed; the message names it and ends with its log's tail."""
 
 
+def diverged(error):
+    """Whether a failed training command (its :class:`StepError`) stopped because its loss became
+    NaN / inf (fairseq's FloatingPointError, also raised when the fp16 loss scale hits its
+    floor): a result of the run, where any other failure is a bug to see."""
+    return "FloatingPointError" in str(error) or "nan" in str(error).lower()
+
+
 def run_logged(cmd, log=None, append=False):
     """Run ``cmd`` (output into the file ``log`` when given, after what it holds with
     ``append``, else to the terminal); raise :class:`StepError` when it fails."""

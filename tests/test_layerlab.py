@@ -243,3 +243,11 @@ def test_training_progress_from_the_logs(tmp_path):
     assert term.getvalue().endswith("\r      (1/2) a finished\n")  # the status line cleared first
     monitors[1].tick()
     assert term.getvalue().endswith("      training: b 200/3000")
+
+
+def test_a_divergence_is_told_from_other_failures():
+    """runs.diverged: a loss gone NaN / inf (fairseq's FloatingPointError) is a run's result; any
+    other failed command is not."""
+    assert runs.diverged(runs.StepError("...FloatingPointError: Minimum loss scale reached"))
+    assert runs.diverged(runs.StepError("... loss is NaN at update 12"))
+    assert not runs.diverged(runs.StepError("... ValueError: --weight-decay with --fp16"))

@@ -261,7 +261,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     except runs.StepError as e:
         # a loss that became NaN / inf is a result of the row (reported as diverged), any
         # other failure a bug to see
-        if "FloatingPointError" not in str(e) and "nan" not in str(e).lower():
+        if not runs.diverged(e):
             raise
         result.update(diverged=True, error=str(e)[-500:], valid_bits=None, test_bits=None,
                       valid_ppl=None, test_ppl=None, params=None)

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from layerlab import fairseq_log, paths, runs
+from layerlab import fairseq_log, paths, runs, significance
 
 comparison = paths.load_script("experiments", "lm_depth_comparison.py")
 # --fp16-no-flatten-grads: fairseq's default fp16 optimizer flattens every parameter into one
@@ -47,7 +47,7 @@ def train_and_score(args, row, precision):
     except runs.StepError as e:
         # a loss that became NaN / inf (or a loss scale at its floor) is a result of the row;
         # any other failure too, but not a divergence: reported as failed, with its error
-        diverged = "FloatingPointError" in str(e) or "nan" in str(e).lower()
+        diverged = runs.diverged(e)
         return dict(result, diverged=diverged, failed=not diverged, error=str(e)[-400:])
     records = list(fairseq_log.records(log, "train_inner"))
     losses = [float(r["loss"]) for r in records]
@@ -59,7 +59,7 @@ def train_and_score(args, row, precision):
             os.remove(os.path.join(run_dir, name))
     return dict(result, diverged=False, seconds=round(time.time() - start, 1),
                 last_train_loss=round(sum(losses[-3:]) / len(losses[-3:]), 4),
-                valid_bits=round(float(blocks[:, 0].sum() / blocks[:, 1].sum()), 4),
+                valid_bits=round(significance.score("bits", blocks), 4),
                 min_loss_scale=min(scales) if scales else None)
 
 
