@@ -1,11 +1,13 @@
 """Timing and memory helpers shared by the benchmark scripts (JSON out, no assertions).
 
 Speed: the median of several timed windows after warm-up, every model measured in the same
-process run with the same threads and data. Peak memory: on CUDA, torch's allocator peak; on
-CPU, each measurement runs in its own subprocess and reports the growth of its peak resident set
-during the timed steps over the peak after building model and data (activations, gradients and
-optimizer state), since the allocator keeps no CPU statistics.
+process run with the same threads and data. Peak memory: on CUDA, torch's allocator peak (reset
+per measurement and counting live tensors only, so the measurements share one process: see
+:func:`run_jobs`); on CPU, each measurement runs in its own subprocess and reports the growth of
+its peak resident set during the timed steps over the peak after building model and data
+(activations, gradients and optimizer state), since the allocator keeps no CPU statistics.
 """
+import gc
 import json
 import os
 import resource
@@ -149,20 +151,43 @@ def run_isolated(script, worker_args, threads):
 JOBS = "jobs"
 
 
+def on_cuda(job) -> bool:
+    return str(job.get("device", "cpu")).startswith("cuda")
+
+
 def run_jobs(script, jobs, threads, labels, together=False):
     """The results of ``script``'s worker ``jobs`` (a list), each in a fresh process, or all in
-    one process when ``together`` (--quick smoke runs: a process's ~5 s of start-up is most of
-    a tiny job's time, and no figure of a quick run is meant to be read; a peak-memory growth
-    is then not isolated: 0 when an earlier job of the process reached a higher peak).
-    ``labels`` (one per job) are printed to stderr as the jobs start."""
+    one process (:func:`run_in_one_process`) when ``together`` (--quick smoke runs: a process's
+    ~5 s of start-up is most of a tiny job's time, and no figure of a quick run is meant to be
+    read; a CPU peak-memory growth is then not isolated: 0 when an earlier job of the process
+    reached a higher peak) or when every job runs on CUDA: the allocator's peak is reset at each
+    measurement's start and counts live tensors only, so a process per job would only add CUDA's
+    start-up (~15 s a job on an H100, measured: the GPU run of the depth suite did not finish in
+    190 s). ``labels`` (one per job) are printed to stderr as the jobs start."""
     jobs = list(jobs)
-    if together:
+    if together or all(on_cuda(job) for job in jobs):
         print(f"[bench] {'; '.join(labels)} (one process) ...", file=sys.stderr, flush=True)
         return run_isolated(script, {"mode": JOBS, "jobs": jobs}, threads)
     results = []
     for label, job in zip(labels, jobs):
         print(f"[bench] {label} ...", file=sys.stderr, flush=True)
         results.append(run_isolated(script, job, threads))
+    return results
+
+
+def run_in_one_process(worker, jobs):
+    """``worker`` over ``jobs`` in this process, each after the previous one's tensors are
+    freed. With CUDA jobs the first one runs once more before them, unrecorded: what a process
+    allocates once and keeps (cuBLAS's workspaces) is then part of every measurement's starting
+    point instead of the first one's growth."""
+    if jobs and on_cuda(jobs[0]):
+        worker(jobs[0])
+    results = []
+    for job in jobs:
+        gc.collect()
+        if on_cuda(job):
+            torch.cuda.empty_cache()
+        results.append(worker(job))
     return results
 
 
@@ -226,7 +251,7 @@ def parse_bench_args(parser, worker, argv=None):
     args = parser.parse_args(argv)
     if args.worker and worker is not None:
         job = json.loads(args.worker)
-        result = ([worker(j) for j in job["jobs"]] if job.get("mode") == JOBS
+        result = (run_in_one_process(worker, job["jobs"]) if job.get("mode") == JOBS
                   else worker(job))
         print(json.dumps(result))
         return None

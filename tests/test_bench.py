@@ -173,3 +173,40 @@ def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, mess
     depth = paths.load_script("bench", "depth.py")
     with pytest.raises(SystemExit, match=message):
         depth.run(depth.parser().parse_args(flags))
+
+
+def test_cuda_jobs_share_one_process_and_cpu_jobs_get_one_each(monkeypatch):
+    """On CUDA the allocator's peak is reset per measurement, so the jobs share a process (a
+    process each costs CUDA's start-up); on CPU the peak resident set cannot be reset."""
+    from layerlab import bench
+
+    calls = []
+    monkeypatch.setattr(bench, "run_isolated",
+                        lambda script, job, threads: calls.append(job) or [job])
+    cuda = [{"device": "cuda", "model": m} for m in ("plain", "mhc")]
+    bench.run_jobs("s.py", cuda, 1, ["a", "b"])
+    assert calls == [{"mode": bench.JOBS, "jobs": cuda}]
+    calls.clear()
+    cpu = [{"device": "cpu", "model": m} for m in ("plain", "mhc")]
+    bench.run_jobs("s.py", cpu, 1, ["a", "b"])
+    assert calls == cpu
+
+
+def test_jobs_in_one_process_warm_up_on_cuda_only():
+    """A shared CUDA process measures its first job once unrecorded (cuBLAS's workspaces then
+    belong to every job's starting point); results stay in the jobs' order."""
+    from layerlab import bench
+
+    seen = []
+
+    def worker(job):
+        seen.append(job["model"])
+        return job["model"] + "!"
+
+    jobs = [{"device": "cuda:0", "model": "plain"}, {"device": "cuda:0", "model": "mhc"}]
+    assert bench.run_in_one_process(worker, jobs) == ["plain!", "mhc!"]
+    assert seen == ["plain", "plain", "mhc"]
+    seen.clear()
+    assert bench.run_in_one_process(worker, [dict(j, device="cpu") for j in jobs]) == [
+        "plain!", "mhc!"]
+    assert seen == ["plain", "mhc"]
