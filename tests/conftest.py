@@ -1,13 +1,16 @@
 """Shared fixtures: real CLIs run with the venv's executables and no torch.load override."""
+import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from helpers import PLUGIN_DIR, SCRIPTS
 
 BIN = os.path.dirname(sys.executable)
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # Under xdist every core already runs a worker: one intra-op thread per worker and per CLI it
 # starts (they inherit the variable). Torch's default, one thread per core in each of them,
@@ -27,13 +30,47 @@ def cli_env():
     return env
 
 
+class _Zygote:
+    """This test process's ``cli_zygote.py`` (started at the first command): it forks a child per
+    fairseq command instead of a new interpreter importing torch and fairseq again."""
+    proc = None
+
+    @classmethod
+    def run(cls, argv, stdin, cwd, script=False, env=None):
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "cli_zygote.py")],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=cli_env())
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = {key: os.path.join(tmp, key) for key in ("stdin", "stdout", "stderr")}
+            for key in paths:
+                with open(paths[key], "w") as f:
+                    f.write((stdin or "") if key == "stdin" else "")
+            request = dict(paths, argv=[str(a) for a in argv], cwd=str(cwd or os.getcwd()),
+                           env=env or cli_env(), script=script)
+            cls.proc.stdin.write((json.dumps(request) + "\n").encode())
+            cls.proc.stdin.flush()
+            reply = cls.proc.stdout.readline()
+            assert reply, "tests/cli_zygote.py ended (see its stderr above)"
+            out, err = (open(paths[key], encoding="utf-8", errors="replace").read()
+                        for key in ("stdout", "stderr"))
+        return subprocess.CompletedProcess(argv, int(reply), out, err)
+
+
 def run_cli(name, *args, stdin=None, cwd=None, check=True):
-    """Run a fairseq console script; return stdout + stderr (asserting success if ``check``)."""
-    proc = subprocess.run([os.path.join(BIN, name), *map(str, args)], input=stdin, text=True,
-                          capture_output=True, env=cli_env(), cwd=cwd)
+    """Run a fairseq console script (its entry point in a child of ``cli_zygote.py``: see there
+    what is and is not as in a fresh interpreter); return stdout + stderr (asserting success if
+    ``check``), or the CompletedProcess if not."""
+    proc = _Zygote.run([os.path.join(BIN, name), *map(str, args)], stdin, cwd)
     if check:
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr if check else proc
+
+
+def run_script(path, *args, stdin=None, cwd=None, env=None):
+    """``python PATH ARGS`` (one of this repository's scripts) in a child of ``cli_zygote.py``:
+    the CompletedProcess (text stdout and stderr)."""
+    return _Zygote.run([path, *args], stdin, cwd, script=True, env=env)
 
 
 @pytest.fixture(scope="session")

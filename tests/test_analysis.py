@@ -2,12 +2,10 @@
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import cli_env, train
+from conftest import run_script, train
 from helpers import (REPO, SCRIPTS, build_language_model, build_translation_model,
                      make_dict, random_batch)
 
@@ -253,11 +251,10 @@ def test_analysis_runs_on_every_stored_fixture(name):
 def test_command_line_on_plain_fairseq_and_package_checkpoints(scan_bin, tmp_path):
     plain = train(scan_bin, "transformer_tiny", updates=10, name="analysis-plain")
     dwa = train(scan_bin, "dwa_transformer_tiny", updates=10, name="analysis-dwa")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"), plain,
-                           "--compare", dwa, "--data", scan_bin / "bin", "--subset", "valid",
-                           "--max-sentences", "150", "--batch-size", "64", "--labels",
-                           "transformer,dwa", "--out-dir", tmp_path],
-                          capture_output=True, text=True, env=cli_env())
+    proc = run_script(os.path.join(SCRIPTS, "analyze_layers.py"), plain,
+                      "--compare", dwa, "--data", scan_bin / "bin", "--subset", "valid",
+                      "--max-sentences", "150", "--batch-size", "64", "--labels",
+                      "transformer,dwa", "--out-dir", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "analysis.json").read_text())
     plain_r, dwa_r = report["analyses"]["transformer"], report["analyses"]["dwa"]
@@ -266,9 +263,8 @@ def test_command_line_on_plain_fairseq_and_package_checkpoints(scan_bin, tmp_pat
     assert "depth_averages" in dwa_r["layer_weights"] and not plain_r["layer_weights"]
     assert report["peak_memory_mb"] > 0
     assert (tmp_path / "analysis.png").read_bytes()[:4] == b"\x89PNG"
-    bad = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"),
-                          tmp_path / "missing.pt", "--data", scan_bin / "bin"],
-                         capture_output=True, text=True, env=cli_env())
+    bad = run_script(os.path.join(SCRIPTS, "analyze_layers.py"),
+                     tmp_path / "missing.pt", "--data", scan_bin / "bin")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
 
 
@@ -310,9 +306,8 @@ def test_bad_inputs_are_one_line_naming_the_file_and_nothing_is_written(tmp_path
              (truncated, fixture, "not a readable fairseq checkpoint", "checkpoint")]
     for ckpt, data, what, names in cases:
         out = tmp_path / "out"
-        proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "analyze_layers.py"),
-                               str(ckpt), "--data", str(data), "--out-dir", str(out)],
-                              capture_output=True, text=True, env=cli_env())
+        proc = run_script(os.path.join(SCRIPTS, "analyze_layers.py"),
+                          ckpt, "--data", data, "--out-dir", out)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import assert_lm_evaluates_and_generates, run_cli, train, train_lm
+from conftest import assert_lm_evaluates_and_generates, run_cli, run_script, train, train_lm
 from helpers import (PLUGIN_DIR, assert_batch_equals_one_by_one,
                      assert_lm_beam_search_scores_equal_full_forward,
                      assert_lm_incremental_equals_full_forward, assert_starts_as,
@@ -161,8 +161,7 @@ def _save_checkpoint(model, args, path):
 
 def test_plot_bridge_heatmap(tmp_path):
     import json
-    import subprocess
-    import sys
+    import os
 
     from helpers import SCRIPTS
 
@@ -174,9 +173,8 @@ def test_plot_bridge_heatmap(tmp_path):
         paths.append(tmp_path / f"{init}.pt")
         _save_checkpoint(model, args, paths[-1])
     out, norms = tmp_path / "bridge.png", tmp_path / "norms.json"
-    proc = subprocess.run([sys.executable, f"{SCRIPTS}/plot_bridge.py", *map(str, paths),
-                           "--titles", "original,gca", "--out", str(out), "--json", str(norms)],
-                          capture_output=True, text=True)
+    proc = run_script(f"{SCRIPTS}/plot_bridge.py", *paths, "--titles", "original,gca",
+                      "--out", out, "--json", norms, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(norms.read_text())
@@ -186,8 +184,8 @@ def test_plot_bridge_heatmap(tmp_path):
 
     plain, _, plain_args = build_translation_model("transformer_tiny")
     _save_checkpoint(plain, plain_args, tmp_path / "plain.pt")
-    proc = subprocess.run([sys.executable, f"{SCRIPTS}/plot_bridge.py", str(tmp_path / "plain.pt"),
-                           "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
+    proc = run_script(f"{SCRIPTS}/plot_bridge.py", tmp_path / "plain.pt",
+                      "--out", tmp_path / "x.png", env=dict(os.environ))
     assert proc.returncode == 2 and "has no bridge" in proc.stderr
 
 

@@ -201,17 +201,13 @@ def test_train_and_generate_with_the_real_clis(scan_bin):
 def test_plot_bridge_shows_the_transparent_weights(tmp_path):
     import json
     import os
-    import subprocess
-    import sys
 
-    from conftest import cli_env
+    from conftest import run_script
     from helpers import REPO, SCRIPTS
 
     ckpt = os.path.join(REPO, "tests", "fixtures", "transparent_transformer", "checkpoint.pt")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "plot_bridge.py"), ckpt,
-                           "--titles", "t", "--out", str(tmp_path / "b.png"), "--json",
-                           str(tmp_path / "b.json")], capture_output=True, text=True,
-                          env=cli_env())
+    proc = run_script(os.path.join(SCRIPTS, "plot_bridge.py"), ckpt, "--titles", "t",
+                      "--out", tmp_path / "b.png", "--json", tmp_path / "b.json")
     assert proc.returncode == 0, proc.stderr
     panel = json.loads((tmp_path / "b.json").read_text())["t"]
     logits = torch.load(ckpt, map_location="cpu", weights_only=False)["model"][

@@ -1,6 +1,4 @@
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -119,8 +117,8 @@ def test_bad_alignment_is_an_error(lex, compounds, hyps, message):
 
 
 def _score(*args):
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "score_cter.py"), *map(str, args)],
-                          capture_output=True, text=True)
+    from conftest import run_script
+    return run_script(os.path.join(SCRIPTS, "score_cter.py"), *args)
 
 
 def test_cli_errors_are_one_line(tmp_path, lexicon_file):

@@ -1,12 +1,10 @@
 """Exact match and BLEU scorers, and the seq2seq_eval task's validation metrics."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import run_cli, train
+from conftest import run_cli, run_script, train
 from helpers import PLUGIN_DIR, SCRIPTS, parse_args
 
 from fairseq import metrics
@@ -26,8 +24,7 @@ def test_exact_match_overall_and_per_category():
 
 
 def _script(name, *args):
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *map(str, args)],
-                          capture_output=True, text=True)
+    return run_script(os.path.join(SCRIPTS, name), *args)
 
 
 def test_score_exact_match_cli(tmp_path):

@@ -1,12 +1,10 @@
 """Autoregressive encoder-decoder LM, its decoder-only baseline and the embedding-loss criterion."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cli_env, run_cli
+from conftest import run_cli, run_script
 from helpers import (PLUGIN_DIR, SCRIPTS, assert_lm_beam_search_scores_equal_full_forward,
                      assert_lm_incremental_equals_full_forward,
                      build_language_model, make_dict)
@@ -32,8 +30,7 @@ def _tokens(bsz=3, length=12, seed=0):
 
 
 def test_reference_parameter_counts():
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "lm_param_report.py")],
-                          capture_output=True, text=True, env=cli_env())
+    proc = run_script(os.path.join(SCRIPTS, "lm_param_report.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for count in ("15,763,500", "15,762,900", "16,036,800", "15,441,192"):
         assert proc.stdout.count(count) == 2, proc.stdout  # measured and published agree

@@ -2,12 +2,10 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import cli_env, run_cli
+from conftest import run_cli, run_script
 from helpers import PLUGIN_DIR, SCRIPTS, beam_search
 
 transformers = pytest.importorskip("transformers")
@@ -54,9 +52,7 @@ def tiny_marian(tmp_path_factory):
 
 
 def _convert(hf_dir, out_dir, *extra):
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "convert_opus_mt.py"),
-                           str(hf_dir), str(out_dir), *extra],
-                          capture_output=True, text=True, env=cli_env())
+    return run_script(os.path.join(SCRIPTS, "convert_opus_mt.py"), hf_dir, out_dir, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_script
 from helpers import SCRIPTS, SHARED_DATA, load_script
 
 from layerlab import prepare as common
@@ -16,8 +17,7 @@ PREPARE = os.path.join(SCRIPTS, "prepare")
 
 
 def _run(script, *args, cwd):
-    return subprocess.run([sys.executable, os.path.join(PREPARE, script), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
+    return run_script(os.path.join(PREPARE, script), *args, cwd=cwd, env=dict(os.environ))
 
 
 def _count(prefix, dictionary_path):

@@ -1,9 +1,8 @@
 import os
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_script
 from helpers import SCRIPTS, load_script
 
 prepare_scan = load_script("prepare", "scan.py")
@@ -74,8 +73,8 @@ def test_simple_split_is_seeded_and_disjoint():
 
 
 def _run(args, cwd):
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), *args],
-                          cwd=cwd, capture_output=True, text=True)
+    return run_script(os.path.join(SCRIPTS, "prepare_scan.py"), *args, cwd=cwd,
+                      env=dict(os.environ))
 
 
 def test_text_output_format(tmp_path):
