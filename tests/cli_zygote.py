@@ -19,7 +19,8 @@ The table, experiment and quickstart scripts, the documented commands and the in
 distributed tests still start their commands as real processes.
 
 Protocol: one JSON request per line on stdin (``argv``, ``cwd``, ``env``, ``stdin``, ``stdout``,
-``stderr``: paths; ``script``: true to run ``argv[0]`` as ``python argv[0]`` would), one line with the child's exit status on stdout.
+``stderr``: paths; ``script``: true to run ``argv[0]`` as ``python argv[0]`` would), one line
+with the child's exit status on stdout.
 """
 import json
 import logging
@@ -39,10 +40,13 @@ def run_child(request):
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),
-                                           (request["stdout"], os.O_WRONLY | os.O_TRUNC),
-                                           (request["stderr"], os.O_WRONLY | os.O_TRUNC)]):
-            os.dup2(os.open(path, mode), fd)
+                                           (request["stdout"], written),
+                                           (request["stderr"], written)]):
+            opened = os.open(path, mode)
+            os.dup2(opened, fd)
+            os.close(opened)
         # fresh stream objects on the new descriptors, as an interpreter start makes them
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False)

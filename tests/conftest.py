@@ -43,9 +43,8 @@ class _Zygote:
                                         env=cli_env())
         with tempfile.TemporaryDirectory() as tmp:
             paths = {key: os.path.join(tmp, key) for key in ("stdin", "stdout", "stderr")}
-            for key in paths:
-                with open(paths[key], "w") as f:
-                    f.write((stdin or "") if key == "stdin" else "")
+            with open(paths["stdin"], "w") as f:  # the child writes the other two
+                f.write(stdin or "")
             request = dict(paths, argv=[str(a) for a in argv], cwd=str(cwd or os.getcwd()),
                            env=env or cli_env(), script=script)
             cls.proc.stdin.write((json.dumps(request) + "\n").encode())
