@@ -531,11 +531,18 @@ def test_flattened_fp16_with_weight_decay_is_a_build_time_error():
 
 @pytest.mark.parametrize("family", ["gpt_baseline_lm", "ar_encdec_lm"])
 def test_every_method_has_a_tiny_preset_in_every_family(family):
+    """... which turns on exactly that method, named by its FLAG (an option of its CONFIG)."""
+    import dataclasses
+
     from fairseq_plugins import depth
-    for name, options in depth.PRESETS.items():
-        model, _, args = build_language_model(f"{family}_{name}_tiny", ["--tokens-per-sample", 16])
-        assert all(getattr(args, key) == value for key, value in options.items())
-        assert depth.active_flags(args)
+    for method in depth.METHODS:
+        assert method.FLAG[2:].replace("-", "_") in {
+            field.name for field in dataclasses.fields(method.CONFIG)}, method.FLAG
+        for name, options in method.PRESETS.items():
+            model, _, args = build_language_model(f"{family}_{name}_tiny",
+                                                  ["--tokens-per-sample", 16])
+            assert all(getattr(args, key) == value for key, value in options.items())
+            assert depth.active_flags(args) == [method.FLAG]
     # an option given on the command line wins over the preset's
     _, _, args = build_language_model(f"{family}_hyper_connections_tiny",
                                       ["--tokens-per-sample", 16, "--hyper-connections", "static"])

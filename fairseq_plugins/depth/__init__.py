@@ -33,21 +33,24 @@ CONFIGS = tuple(method.CONFIG for method in METHODS) + (recompute.CONFIG, weight
 RECOMPUTED = (hyper_connections, mhc, frac_connections)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
 PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
-FLAGS = {hyper_connections: "--hyper-connections", mhc: "--mhc",
-         frac_connections: "--frac-connections", attn_res: "--attn-res", mudd: "--mudd",
-         value_residual: "--value-residual"}
+
+
+def recomputed_flags() -> str:
+    """The flags of the methods --stream-recompute applies to, for its errors."""
+    flags = [method.FLAG for method in RECOMPUTED]
+    return ", ".join(flags[:-1]) + " or " + flags[-1]
 
 
 def active_flags(args) -> List[str]:
     """The depth-connection flags that are on (the stream methods and value residual)."""
-    return [FLAGS[method] for method in METHODS if method.active(args)]
+    return [method.FLAG for method in METHODS if method.active(args)]
 
 
 def validate(args):
     for method in METHODS:
         method.validate(args)
     if recompute.enabled(args) and not any(method.active(args) for method in RECOMPUTED):
-        raise ValueError(f"--stream-recompute rebuilds the streams of {recompute.METHODS_FLAGS}"
+        raise ValueError(f"--stream-recompute rebuilds the streams of {recomputed_flags()}"
                          " and none of them is on: add one, or drop --stream-recompute")
 
 
@@ -67,14 +70,14 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
             chosen.append((flag, Connection(layout, keep_history=True)))
     for method in STREAMS:
         if method.active(args):
-            chosen.append((FLAGS[method], method.build(args, layout, embed_dim)))
+            chosen.append((method.FLAG, method.build(args, layout, embed_dim)))
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(flag for flag, _ in chosen)} both decide what the "
                          f"{side}'s blocks read from the blocks below: choose one")
     flag, connection = chosen[0] if chosen else (None, Connection(layout))
     if recompute.enabled(args):
         if not isinstance(connection, hyper_connections.MultiStream):
-            raise ValueError(f"--stream-recompute needs {recompute.METHODS_FLAGS} on the "
+            raise ValueError(f"--stream-recompute needs {recomputed_flags()} on the "
                              f"{side}, which has {flag or 'the plain residual'}")
         connection.recompute = True
     if connection.needs_pre_norm and not pre_norm:

@@ -66,6 +66,7 @@ class AttnResConfig(FairseqDataclass):
 PRESETS = {"attn_res": {"attn_res": "full"},  # <family>_<name>_tiny
            "attn_res_block": {"attn_res": "block", "attn_res_blocks": 2}}
 CONFIG = AttnResConfig
+FLAG = "--attn-res"  # the option that turns the method on (its errors name it)
 DEFAULTS = {"attn_res_blocks": 4}
 
 

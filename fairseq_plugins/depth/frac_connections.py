@@ -60,6 +60,7 @@ class FracConnectionsConfig(FairseqDataclass):
 
 PRESETS = {"frac_connections": {"frac_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = FracConnectionsConfig
+FLAG = "--frac-connections"  # the option that turns the method on (its errors name it)
 DEFAULTS = {"frac_rate": 4}
 
 
@@ -84,7 +85,7 @@ class FracConnections(HyperConnections):
     (``static_alpha`` K x m x 2m: row r is fraction r's [A_m[r, :], A_r[r, :]])."""
 
     name = "frac_connections"
-    flag, rate_flag = "--frac-connections", "--frac-rate"
+    flag, rate_flag = FLAG, "--frac-rate"
     readouts = ("concat",)
 
     def __init__(self, layout: Layout, embed_dim: int, rate: int, dynamic: bool):

@@ -65,6 +65,7 @@ class HyperConnectionsConfig(FairseqDataclass):
 
 PRESETS = {"hyper_connections": {"hyper_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = HyperConnectionsConfig
+FLAG = "--hyper-connections"  # the option that turns the method on (its errors name it)
 DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
 
 
@@ -337,7 +338,7 @@ class HyperConnections(MultiStream):
     ``alpha_scale`` / ``beta_scale`` K."""
 
     name = "hyper_connections"
-    flag, rate_flag = "--hyper-connections", "--hc-expansion-rate"
+    flag, rate_flag = FLAG, "--hc-expansion-rate"
     readouts = READOUTS
     # the dynamic part's initialisation (maps 0, scales 0.01, the norms (1, 0)): set by
     # reset_parameters, and given to a static checkpoint loaded into the dynamic variant
@@ -414,7 +415,7 @@ class HyperConnections(MultiStream):
         dynamic: per position."""
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if self.dynamic:
-            dtype, n = stream.dtype, self.streams
+            n = self.streams
             # both maps as one (R+n+1) x w weight M, LayerNorm folded in: with z = (x - mu) / sigma,
             # LN(x) M^T = (z w + b) M^T = (x (w M)^T - mu (w M) 1) / sigma + M b: one GEMM on the
             # streams themselves (which the mixing keeps anyway), so no normalised copy of the

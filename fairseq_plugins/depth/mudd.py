@@ -48,6 +48,7 @@ class MuddConfig(FairseqDataclass):
 
 PRESETS = {"mudd": {"mudd": True}}  # <family>_<name>_tiny
 CONFIG = MuddConfig
+FLAG = "--mudd"  # the option that turns the method on (its errors name it)
 
 
 def active(args) -> bool:

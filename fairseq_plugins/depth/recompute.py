@@ -27,16 +27,15 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 
-METHODS_FLAGS = "--hyper-connections, --mhc or --frac-connections"
-
 
 @dataclass
 class StreamRecomputeConfig(FairseqDataclass):
     """Flag ``--stream-recompute``; hydra ``model.stream_recompute``."""
     stream_recompute: Optional[bool] = option(
-        False, f"with {METHODS_FLAGS}: rebuild each sub-layer's input and the streams between "
-               "a block's sub-layers in the backward pass instead of keeping them (less "
-               "activation memory, a few percent more time)")
+        False, "with a multi-stream connection (Hyper-Connections, mHC, Frac-Connections): "
+               "rebuild each sub-layer's input and the streams between a block's sub-layers "
+               "in the backward pass instead of keeping them (less activation memory, a few "
+               "percent more time)")
 
 
 CONFIG = StreamRecomputeConfig

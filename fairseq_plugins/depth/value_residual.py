@@ -41,6 +41,7 @@ class ValueResidualConfig(FairseqDataclass):
 
 PRESETS = {"value_residual": {"value_residual": "learnable"}}  # <family>_<name>_tiny
 CONFIG = ValueResidualConfig
+FLAG = "--value-residual"  # the option that turns the method on (its errors name it)
 
 
 def active(args) -> bool:
