@@ -105,8 +105,13 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def is_cuda(device) -> bool:
+    """Whether a ``--device`` value (``cpu``, ``cuda``, ``cuda:1``) names a GPU."""
+    return str(device).startswith("cuda")
+
+
 def sync(device):
-    if device.startswith("cuda"):
+    if is_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -125,14 +130,14 @@ def timed_windows(step, windows, steps_per_window, warmup, device):
 
 
 def memory_start(device):
-    if device.startswith("cuda"):
+    if is_cuda(device):
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.max_memory_allocated() / 2**20
     return peak_rss_mb()
 
 
 def memory_peak_growth(device, start):
-    if device.startswith("cuda"):
+    if is_cuda(device):
         return torch.cuda.max_memory_allocated() / 2**20 - start
     return peak_rss_mb() - start
 
@@ -152,7 +157,7 @@ JOBS = "jobs"
 
 
 def on_cuda(job) -> bool:
-    return str(job.get("device", "cpu")).startswith("cuda")
+    return is_cuda(job.get("device", "cpu"))
 
 
 def run_jobs(script, jobs, threads, labels, together=False):

@@ -136,7 +136,7 @@ def run(args):
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "embed_dim": embed_dim, "depths": {},
               "targets": common.describe_targets("depth")}
-    if args.device.startswith("cuda"):  # absolute times mean something only with the card named
+    if common.is_cuda(args.device):  # absolute times mean something only with the card named
         report["gpu"] = torch.cuda.get_device_name(args.device)
     for layers in depths:
         models = {name: (METHODS[name][0], sizes(METHODS[name][0], embed_dim, layers)
