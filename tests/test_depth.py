@@ -535,9 +535,9 @@ def test_every_method_has_a_tiny_preset_in_every_family(family):
     import dataclasses
 
     from fairseq_plugins import depth
+    from fairseq_plugins.config import flag
     for method in depth.METHODS:
-        assert method.FLAG[2:].replace("-", "_") in {
-            field.name for field in dataclasses.fields(method.CONFIG)}, method.FLAG
+        assert method.FLAG in {flag(field.name) for field in dataclasses.fields(method.CONFIG)}
         for name, options in method.PRESETS.items():
             model, _, args = build_language_model(f"{family}_{name}_tiny",
                                                   ["--tokens-per-sample", 16])
