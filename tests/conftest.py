@@ -140,14 +140,20 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
     assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
 
 
-# The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 40-120 s
+# The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 40-220 s
 # on 2 cores, `--durations` of CI): started first, so that `-n 2` workers do not end with one of
 # them still running a table smoke while the other is idle (~4 min of CI's wall time when they
 # were collected last).
 LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_lm_table_smoke",
               "test_tables.py::test_bridge_table_smoke", "test_bench.py::test_bench_suite_quick",
               "test_end_to_end.py::test_quickstart", "test_docs.py::test_documented_commands_run",
-              "test_interrupted.py::", "test_tables.py::test_lrf_cfq_smoke")
+              "test_interrupted.py::", "test_tables.py::test_lrf_cfq_smoke",
+              # 40-65 s each in the CI of 2026-11-27 (846 tests)
+              "test_lm_depth_comparison.py::test_a_tiny_comparison",
+              "test_lm_depth_comparison.py::test_kept_runs",
+              "test_end_to_end.py::test_compare_seeds_summarises",
+              "test_prepare.py::test_wikitext2_real_files",
+              "test_prepare.py::test_cfq_mcd1_real_preprocessed_files")
 
 
 def pytest_collection_modifyitems(items):

@@ -161,7 +161,6 @@ def _save_checkpoint(model, args, path):
 
 def test_plot_bridge_heatmap(tmp_path):
     import json
-    import os
 
     from helpers import SCRIPTS
 
@@ -174,7 +173,7 @@ def test_plot_bridge_heatmap(tmp_path):
         _save_checkpoint(model, args, paths[-1])
     out, norms = tmp_path / "bridge.png", tmp_path / "norms.json"
     proc = run_script(f"{SCRIPTS}/plot_bridge.py", *paths, "--titles", "original,gca",
-                      "--out", out, "--json", norms, env=dict(os.environ))
+                      "--out", out, "--json", norms)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(norms.read_text())
@@ -185,7 +184,7 @@ def test_plot_bridge_heatmap(tmp_path):
     plain, _, plain_args = build_translation_model("transformer_tiny")
     _save_checkpoint(plain, plain_args, tmp_path / "plain.pt")
     proc = run_script(f"{SCRIPTS}/plot_bridge.py", tmp_path / "plain.pt",
-                      "--out", tmp_path / "x.png", env=dict(os.environ))
+                      "--out", tmp_path / "x.png")
     assert proc.returncode == 2 and "has no bridge" in proc.stderr
 
 

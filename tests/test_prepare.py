@@ -17,7 +17,7 @@ PREPARE = os.path.join(SCRIPTS, "prepare")
 
 
 def _run(script, *args, cwd):
-    return run_script(os.path.join(PREPARE, script), *args, cwd=cwd, env=dict(os.environ))
+    return run_script(os.path.join(PREPARE, script), *args, cwd=cwd)
 
 
 def _count(prefix, dictionary_path):

@@ -73,8 +73,7 @@ def test_simple_split_is_seeded_and_disjoint():
 
 
 def _run(args, cwd):
-    return run_script(os.path.join(SCRIPTS, "prepare_scan.py"), *args, cwd=cwd,
-                      env=dict(os.environ))
+    return run_script(os.path.join(SCRIPTS, "prepare_scan.py"), *args, cwd=cwd)
 
 
 def test_text_output_format(tmp_path):
