@@ -210,6 +210,26 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
     assert not any(p.suffix == ".pt" or p.name == "started.json" for p in run.iterdir())
 
 
+def test_a_verdict_needs_three_seeds_on_each_side():
+    """A row 0.5 bits better than the baseline on every block and seed: beyond noise with
+    three seeds a side; with two (a resample then sees half the seed variance) or one, the
+    interval is reported and no verdict is given."""
+    rng = np.random.default_rng(0)
+
+    def runs(bits, seeds):  # per seed: 40 test blocks of (bits summed, tokens)
+        return [np.stack([rng.normal(bits, 0.05, 40) * 100, np.full(40, 100.0)], axis=1)
+                for _ in range(seeds)]
+    for seeds, judged in ((3, True), (2, None), (1, None)):
+        test = comparison.paired_test(runs(5.0, seeds), runs(5.5, 3))
+        assert test["difference"] == pytest.approx(-0.5, abs=0.05)
+        assert test["larger_than_noise"] is judged and test["seeds"] == seeds
+        cell = comparison.test_cells(dict(test, by_seed={}), all_diverged=False)
+        assert cell.split(" | ")[2] == ("yes" if judged else
+                                        f"not judged ({seeds} seed{'s' if seeds > 1 else ''})")
+    # the fewer side decides: three seeds of the row against two of the baseline
+    assert comparison.paired_test(runs(5.0, 3), runs(5.5, 2))["larger_than_noise"] is None
+
+
 def test_the_ranking_across_depths_and_its_rank_correlation():
     def table(diffs):
         return {"baseline": {}, **{row: {"vs_baseline": {"difference": d}}

@@ -91,7 +91,11 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "mudd": "mudd", "value_residual": "value_residual",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
-NOISE_VERDICT = {True: "yes", False: "no", None: "not judged (1 seed)"}
+NOISE_VERDICT = {True: "yes", False: "no"}
+# the fewest seeds on either side of a test that give a verdict: the issue's three; with two, a
+# bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
+# variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise
+VERDICT_SEEDS = 3
 # what --keep-runs keeps of a finished run: all that the report and the figures read
 KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analysis.json"))
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
@@ -310,9 +314,11 @@ def bench_ratios():
 def paired_test(rows_blocks, base_blocks):
     """The hierarchical bootstrap of one row against a baseline (each a list of per-seed test
     blocks); with one seed on either side the interval holds the test blocks' sampling only,
-    not the seed spread (the issue's ~0.03 bits): no verdict from it."""
+    not the seed spread (the issue's ~0.03 bits), and with two it sees half its variance: no verdict
+    below ``VERDICT_SEEDS`` on either side (``seeds``: the fewer of the two)."""
     test = significance.hierarchical_bootstrap("bits", rows_blocks, base_blocks)
-    if min(len(rows_blocks), len(base_blocks)) < 2:
+    test["seeds"] = min(len(rows_blocks), len(base_blocks))
+    if test["seeds"] < VERDICT_SEEDS:
         test["larger_than_noise"] = None
     # "x% lower perplexity": the perplexity is 2^bits, so its ratio is 2^difference
     test["ppl_ratio"] = {k: round(2 ** test[k], 5) for k in ("difference", "low", "high")}
@@ -328,7 +334,15 @@ def test_cells(diff, all_diverged):
     by_seed = " / ".join(f"{d:+.3f}" for d in diff["by_seed"].values()) or "—"
     return (f"{diff['difference']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] | "
             f"{100 * (diff['ppl_ratio']['difference'] - 1):+.1f}% | "
-            f"{NOISE_VERDICT[diff['larger_than_noise']]} | {by_seed}")
+            f"{verdict(diff)} | {by_seed}")
+
+
+def verdict(test):
+    """A paired_test's verdict as the tables write it."""
+    if test["larger_than_noise"] is None:
+        n = test["seeds"]
+        return f"not judged ({n} seed{'s' if n > 1 else ''})"
+    return NOISE_VERDICT[test["larger_than_noise"]]
 
 
 def summarise(args, results, plan, matched_of=None):
@@ -347,8 +361,8 @@ def summarise(args, results, plan, matched_of=None):
              f"{args.updates} updates, seeds {','.join(map(str, args.seeds))}; bits per token "
              "on the test blocks (mean ± sample std over the row's converged seeds); Δ vs the "
              "baseline with the 95% interval of the hierarchical bootstrap over test blocks and "
-             "seeds (with one seed on either side it covers the test blocks only, not the seed "
-             "spread, and no verdict is given), and as the change of the perplexity "
+             f"seeds (with fewer than {VERDICT_SEEDS} seeds on either side it covers too little of "
+             "the seed spread, and no verdict is given), and as the change of the perplexity "
              "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
              "same seed (the same data order), in the order of the seeds column; time and "
              "memory: scripts/bench/depth.py at the same depth "
@@ -433,7 +447,7 @@ def summarise(args, results, plan, matched_of=None):
                 lines.append(f"| {row} | {e['params'] or 0:,} | {m['baseline']} | "
                              f"{table[m['baseline']]['params'] or 0:,} | "
                              f"{m['difference']:+.4f} [{m['low']:+.4f}, {m['high']:+.4f}] | "
-                             f"{NOISE_VERDICT[m['larger_than_noise']]} |")
+                             f"{verdict(m)} |")
         gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
         if gains:
             lines += ["", "Amax gain of the composite stream mixing at the end of training "
