@@ -91,7 +91,6 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "mudd": "mudd", "value_residual": "value_residual",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
-NOISE_VERDICT = {True: "yes", False: "no"}
 # the fewest seeds on either side of a test that give a verdict: the three; with two, a
 # bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
 # variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise
@@ -342,7 +341,7 @@ def verdict(test):
     if test["larger_than_noise"] is None:
         n = test["seeds"]
         return f"not judged ({n} seed{'s' if n > 1 else ''})"
-    return NOISE_VERDICT[test["larger_than_noise"]]
+    return "yes" if test["larger_than_noise"] else "no"
 
 
 def summarise(args, results, plan, matched_of=None):
