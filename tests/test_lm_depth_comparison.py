@@ -231,15 +231,16 @@ def test_a_verdict_needs_three_seeds_on_each_side():
 
 
 def test_the_ranking_across_depths_and_its_rank_correlation():
-    def table(diffs):
-        return {"baseline": {}, **{row: {"vs_baseline": {"difference": d}}
+    def table(diffs, seeds=3):
+        return {"baseline": {}, **{row: {"vs_baseline": {"difference": d, "seeds": seeds}}
                                    for row, d in diffs.items()}}
     shallow = {"a": -0.08, "b": -0.05, "c": -0.01, "d": 0.02}
     same, entry_lines = comparison.ranking_across_depths(
-        {"4": table(shallow), "12": table({k: 2 * v for k, v in shallow.items()})})
+        {"4": table(shallow), "12": table({k: 2 * v for k, v in shallow.items()}, seeds=1)})
     assert same["spearman"] == pytest.approx(1.0) and same["ranks"]["4"]["a"] == 1
     assert entry_lines[0] == "### The ranking at 4 and 12 blocks"
-    assert "| a | -0.0800 | 1 | -0.1600 | 1 |" in entry_lines
+    # each difference beside the seeds its test had: one seed at 12 blocks here
+    assert "| a | -0.0800 | 3 | 1 | -0.1600 | 1 | 1 |" in entry_lines
     flipped, _ = comparison.ranking_across_depths(
         {"4": table(shallow), "12": table({k: -v for k, v in shallow.items()})})
     assert flipped["spearman"] == pytest.approx(-1.0) and flipped["ranks"]["12"]["d"] == 1

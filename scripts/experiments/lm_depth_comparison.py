@@ -468,7 +468,8 @@ def ranking_across_depths(depths):
     """Whether the rows rank alike at every depth: the rows measured against the baseline at
     the shallowest and the deepest depth, ranked by their difference at each (1: the largest
     gain), and Spearman's rank correlation of the two rankings (no ties expected: differences
-    of real runs). -> (JSON entry, markdown lines)."""
+    of real runs). Each difference is shown with the seeds its test had (the fewer side's): a
+    row with one seed at a depth ranks on that seed alone. -> (JSON entry, markdown lines)."""
     low, high = sorted(depths, key=int)[0], sorted(depths, key=int)[-1]
     rows = [r for r in depths[low] if "vs_baseline" in depths[low][r]
             and "vs_baseline" in depths[high].get(r, {})]
@@ -484,10 +485,12 @@ def ranking_across_depths(depths):
              f"Rows ranked by their difference from the baseline (1: the largest gain); "
              f"Spearman's rank correlation between the depths: {spearman:+.2f} over "
              f"{len(rows)} rows.", "",
-             f"| row | Δ at {low} | rank | Δ at {high} | rank |", "|---|---:|---:|---:|---:|"]
+             f"| row | Δ at {low} | seeds | rank | Δ at {high} | seeds | rank |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    seeds = {d: [depths[d][r]["vs_baseline"]["seeds"] for r in rows] for d in (low, high)}
     for i in np.argsort(ranks[high]):
-        lines.append(f"| {rows[i]} | {diffs[low][i]:+.4f} | {ranks[low][i]} | "
-                     f"{diffs[high][i]:+.4f} | {ranks[high][i]} |")
+        lines.append(f"| {rows[i]} | {diffs[low][i]:+.4f} | {seeds[low][i]} | {ranks[low][i]} | "
+                     f"{diffs[high][i]:+.4f} | {seeds[high][i]} | {ranks[high][i]} |")
     return entry, lines + [""]
 
 
