@@ -168,6 +168,9 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     (["--depths", "3", "--rows", "attn_res_block,mudd"],
      "--depths 3: a positive number of blocks, even for attn_res_block"),
     (["--depths", "12,0", "--rows", "mudd"], "--depths 0: a positive number of blocks$"),
+    (["--embed-dim", "130", "--rows", "mudd"], "--embed-dim 130: a positive multiple of 4"),
+    (["--embed-dim", "0", "--rows", "mudd"], "--embed-dim 0: a positive multiple of 4"),
+    (["--quick", "--embed-dim", "64"], "--embed-dim: not with --quick"),
 ])
 def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, message):
     depth = paths.load_script("bench", "depth.py")

@@ -2,13 +2,14 @@
 """Speed and memory of the depth connections in the decoder-only LM against the plain model.
 
     python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--rows plain,mudd,...]
-        [--depths 4,12]
+        [--depths 4,12] [--embed-dim 128]
         [--out results/bench_depth_cpu.json]
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
 context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
 connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two stacks of
-half the blocks; plain, with the bridges over its encoder, with the embedding loss): training
+half the blocks; plain, with the bridges over its encoder, with the embedding loss); ``--embed-dim``
+measures another width (FFN 4x, the same 4 heads, context and batch): training
 seconds per update (timed windows of forward + backward + Adam step, every model taking turns
 in one process, each in every slot of the rotation; the time ratio is the median over the
 rounds of the two models' ratio within a round) and the peak memory growth of training (a
@@ -59,6 +60,7 @@ METHODS = {
                                                   "--embedding-loss", "mse"]),
 }
 HEADS = 4
+EMBED_DIM = 128  # the WikiText-2 comparison's width
 
 
 def sizes(arch, embed_dim, layers):
@@ -113,6 +115,11 @@ def chosen_rows(rows):
 
 
 def run(args):
+    if args.quick and args.embed_dim is not None:
+        raise SystemExit("depth.py: --embed-dim: not with --quick (which measures d=32)")
+    if args.embed_dim is not None and (args.embed_dim < HEADS or args.embed_dim % HEADS):
+        raise SystemExit(f"depth.py: --embed-dim {args.embed_dim}: a positive multiple of "
+                         f"{HEADS} (the heads)")
     if args.quick:
         depths = (2,)
         cfg = dict(vocab=500, context=32, batch=2, gen_batch=1, gen_context=8, gen_tokens=8)
@@ -121,7 +128,7 @@ def run(args):
     else:
         depths = tuple(args.depths)
         cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
-        embed_dim = 128
+        embed_dim = args.embed_dim or EMBED_DIM
     names = chosen_rows(args.rows)
     # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
     halved = [n for n in names if METHODS[n][0] == "ar_encdec_lm" or n == "attn_res_block"]
@@ -196,6 +203,10 @@ def parser():
     p.add_argument("--depths", type=lambda t: [int(x) for x in t.split(",") if x],
                    default=[4, 12], help="total blocks of each measured size (not with --quick, "
                    "which measures 2); default 4,12")
+    p.add_argument("--embed-dim", type=int, help=f"model width (default {EMBED_DIM}, the "
+                   "WikiText-2 comparison's; FFN 4x, heads, context and batch unchanged): on a "
+                   "GPU the narrow model's steps are kernel-launch bound, a wider one shows the "
+                   "methods' arithmetic share")
     return p
 
 
