@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .paths import REPO  # noqa: F401  (the repository the suite writes its results under)
 
@@ -194,6 +195,30 @@ def run_in_one_process(worker, jobs):
             torch.cuda.empty_cache()
         results.append(worker(job))
     return results
+
+
+class _OperatorCount(TorchDispatchMode):
+    """Counts the aten operators dispatched inside it, views and allocations apart (they move
+    no data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (func.is_view or func.__name__.startswith(("empty", "detach"))):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operators_dispatched(fn) -> int:
+    """How many aten operators ``fn()`` dispatches (its backward pass included when ``fn`` runs
+    it), views and allocations apart. In eager PyTorch each is a host-side dispatch and, on a
+    GPU, at least one kernel launch: where a step's arithmetic is small (a narrow model on a
+    GPU), its time follows this count rather than its MACs."""
+    with _OperatorCount() as counter:
+        fn()
+    return counter.count
 
 
 def median(xs):

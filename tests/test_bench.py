@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers import SCRIPTS
 from layerlab import paths
@@ -213,3 +214,27 @@ def test_jobs_in_one_process_warm_up_on_cuda_only():
     assert bench.run_in_one_process(worker, [dict(j, device="cpu") for j in jobs]) == [
         "plain!", "mhc!"]
     assert seen == ["plain", "mhc"]
+
+
+def test_operator_count_skips_views_and_counts_the_backward_pass():
+    from layerlab import bench
+
+    x = torch.ones(4, 3, requires_grad=True)
+    assert bench.operators_dispatched(lambda: x.view(-1).t()) == 0
+    assert bench.operators_dispatched(lambda: x + 1) == 1
+    # forward: mul, sum; backward: at least the gradient of each
+    assert bench.operators_dispatched(lambda: (x * 2).sum().backward()) >= 4
+
+
+def test_depth_bench_operator_counts_follow_the_methods_not_the_width():
+    """The Sinkhorn's iterations are most of mHC's operators (each one is a launch on a GPU)."""
+    depth = paths.load_script("bench", "depth.py")
+    plain = depth.operators_per_step(*depth.METHODS["plain"], 2)
+    mhc = depth.operators_per_step(*depth.METHODS["mhc_n4"], 2)
+    lite = depth.operators_per_step(*depth.METHODS["mhc_lite_n4"], 2)
+    assert plain < lite < mhc
+    fewer = depth.operators_per_step("gpt_baseline_lm", ["--mhc", "sinkhorn",
+                                                         "--mhc-sinkhorn-iterations", "1"], 2)
+    # 19 iterations fewer in each of the 4 sub-layers: at least a multiply, a sum and a
+    # reciprocal per side and iteration forward
+    assert mhc - fewer >= 4 * 19 * 6

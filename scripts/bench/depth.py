@@ -102,6 +102,22 @@ def mac_share(arch, flags, embed_dim, layers, context):
     return round(extra / plain, 4)
 
 
+def operators_per_step(arch, flags, layers):
+    """The aten operators one forward + backward pass of the row dispatches (views and
+    allocations apart; :func:`layerlab.bench.operators_dispatched`), counted on the CPU at
+    d=32, context 16, batch 2: the count depends on the depth and the method, not on the width
+    or the batch, and a GPU step of the comparison's narrow model is bound by it."""
+    from fairseq_plugins.inprocess import build_language_model, make_dict
+
+    model, _, _ = build_language_model(arch, sizes(arch, 32, layers) + [
+        "--tokens-per-sample", "16", *flags], make_dict(16, "w"))
+    tokens = torch.randint(4, 20, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def step():
+        model(tokens)[0].float().sum().backward()
+    return common.operators_dispatched(step)
+
+
 def chosen_rows(rows):
     """The rows to measure (``--rows``; the plain model always), in METHODS' order."""
     if not rows:
@@ -168,6 +184,7 @@ def run(args):
                                               / base_mem, 3) if base_mem > 0 else None),
                 "params_reference_count": memory[name]["params_reference_count"],
                 "mac_share": mac_share(*METHODS[name], embed_dim, layers, cfg["context"]),
+                "operators_per_step": operators_per_step(*METHODS[name], layers),
             }
         if {"mhc_lite_n4", "mhc_n4"} <= set(rows):  # mHC-lite against mHC (Sinkhorn)
             rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
