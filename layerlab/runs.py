@@ -75,18 +75,32 @@ def run_scorer(cmd):
     return json.loads(proc.stdout)
 
 
+class _HeldLock:
+    """An open descriptor holding a ``flock``; ``close()`` releases it (so does the process's
+    end, however it ends)."""
+
+    def __init__(self, fd):
+        self._fd = fd
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def exclusive_lock(path):
-    """An open file holding an exclusive lock on ``path`` (released when it is closed or the
-    process ends, however it ends), or None while another holds it."""
+    """A held exclusive lock on ``path`` (a file, made if missing, or an existing folder: a
+    folder's lock leaves nothing in it), or None while another process holds it."""
     import fcntl
 
-    f = open(path, "w")
+    fd = (os.open(path, os.O_RDONLY) if os.path.isdir(path)
+          else os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        f.close()
+        os.close(fd)
         return None
-    return f
+    return _HeldLock(fd)
 
 
 def read_json(path):

@@ -53,6 +53,26 @@ def test_a_second_process_training_into_the_same_folder_is_refused(lm_bin, tmp_p
     assert runs.exclusive_lock(str(out / ".lock")) is not None
 
 
+def test_a_second_process_keeping_runs_in_the_same_folder_is_refused(lm_bin, tmp_path, capsys):
+    """Another --out-dir does not make it safe: both would train and keep the same runs."""
+    from layerlab import runs
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    held = runs.exclusive_lock(str(kept))  # as a comparison keeping its runs there holds it
+    out = tmp_path / "out"
+    argv = ["--data", str(lm_bin), "--out-dir", str(out), "--keep-runs", str(kept), *TINY,
+            "--rows", "baseline", "--no-matched-baselines"]
+    assert comparison.main(argv) == 2
+    assert f"another lm_depth_comparison.py keeps its runs in {kept}" in capsys.readouterr().err
+    # the lock left no file there (the dictionary stamp is written before it is taken)
+    assert not (out / "d2").exists() and [p.name for p in kept.iterdir()] == ["dictionary.sha256"]
+    # the --out-dir's own lock was let go: once the folder is free, the same command trains
+    assert runs.exclusive_lock(str(out / ".lock")) is not None
+    held.close()
+    assert runs.exclusive_lock(str(kept)) is not None
+
+
 def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsys):
     out = tmp_path / "out"
     assert comparison.main(["--data", str(tmp_path / "nowhere"), "--out-dir", str(out)]) == 2

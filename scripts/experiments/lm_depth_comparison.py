@@ -31,7 +31,9 @@ Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), 
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
 threads (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
-d = 128 model does not keep two threads busy). Bad input (an unknown row, a missing data folder,
+d = 128 model does not keep two threads busy); a second instance training into the same
+``--out-dir`` or keeping into the same ``--keep-runs`` is refused (it would train the same runs,
+its threads sized for the machine alone). Bad input (an unknown row, a missing data folder,
 a data folder whose dictionary differs from the one the output or kept runs' folder was started
 with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
@@ -624,6 +626,15 @@ def main(argv=None):
             print(f"error: another lm_depth_comparison.py is training into {args.out_dir} "
                   "(wait for it, stop it, or use another --out-dir)", file=sys.stderr)
             return 2
+        # nor two into one --keep-runs from two --out-dirs: both would train the runs that
+        # neither has kept yet, and two processes on the same cores each take threads sized for
+        # the machine alone (the folder itself is locked: nothing is written into it)
+        kept_lock = runs.exclusive_lock(args.keep_runs) if args.keep_runs else None
+        if args.keep_runs and kept_lock is None:
+            lock.close()
+            print(f"error: another lm_depth_comparison.py keeps its runs in {args.keep_runs} "
+                  "(wait for it, stop it, or use another --keep-runs)", file=sys.stderr)
+            return 2
         # the runs' threads: fairseq-train (a subprocess) reads OMP_NUM_THREADS, the scoring
         # here torch's setting
         import torch
@@ -642,6 +653,8 @@ def main(argv=None):
                 os.environ["OMP_NUM_THREADS"] = saved[0]
             torch.set_num_threads(saved[1])
             lock.close()
+            if kept_lock is not None:
+                kept_lock.close()
     report, table = summarise(args, results, plan, matched_of)
     figures_made = [(kind, d) for d in args.depths
                     for kind, make in (("weights", weights_figure), ("layers", layers_figure))
