@@ -238,3 +238,16 @@ def test_depth_bench_operator_counts_follow_the_methods_not_the_width():
     # 19 iterations fewer in each of the 4 sub-layers: at least a multiply, a sum and a
     # reciprocal per side and iteration forward
     assert mhc - fewer >= 4 * 19 * 6
+
+
+def test_depth_table_shows_operator_counts_and_reads_reports_without_them():
+    depth = paths.load_script("bench", "depth.py")
+    row = {"train_time_ratio": 1.5, "memory_growth_ratio": 1.1, "params_reference_count": 1000,
+           "mac_share": 0.01}
+    report = {"device": "cuda", "fp16": False, "threads": 1, "torch": "x", "embed_dim": 128,
+              "config": {"vocab": 10, "context": 4, "batch": 2},
+              "depths": {"12": {"mhc_n4": dict(row, operators_per_step=8605),
+                                "mudd": row}}}
+    table = depth.markdown_table(report)
+    assert "| 12 | mhc_n4 | 1.500 | 1.100 | 1,000 | 0.0100 | 8,605 |" in table
+    assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |" in table

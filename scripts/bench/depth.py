@@ -202,14 +202,17 @@ def markdown_table(report):
              "rows: ar_encdec_lm, two stacks of half the blocks), vocabulary "
              f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}. Ratios to the plain "
              "model in the same process; MAC share: the method's forward MACs per token over the "
-             "plain blocks'.", "",
+             "plain blocks'; operators: aten operators of one forward + backward pass, views and "
+             "allocations apart (empty in reports made before the bench counted them).", "",
              "| blocks | method | training time ratio | peak-memory growth ratio | parameters | "
-             "MAC share |", "|---:|---|---:|---:|---:|---:|"]
+             "MAC share | operators |", "|---:|---|---:|---:|---:|---:|---:|"]
     for layers, rows in report["depths"].items():
         for name, r in rows.items():
+            ops = r.get("operators_per_step")
             lines.append(f"| {layers} | {name} | {r['train_time_ratio']:.3f} | "
                          f"{r['memory_growth_ratio'] or float('nan'):.3f} | "
-                         f"{r['params_reference_count']:,} | {r['mac_share']:.4f} |")
+                         f"{r['params_reference_count']:,} | {r['mac_share']:.4f} | "
+                         f"{'' if ops is None else f'{ops:,}'} |")
     return "\n".join(lines)
 
 
