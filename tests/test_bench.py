@@ -226,7 +226,7 @@ def test_operator_count_skips_views_and_counts_the_backward_pass():
     assert bench.operators_dispatched(lambda: (x * 2).sum().backward()) >= 4
 
 
-def test_depth_bench_operator_counts_follow_the_methods_not_the_width():
+def test_depth_bench_operator_counts_grow_with_the_sinkhorn_iterations():
     """The Sinkhorn's iterations are most of mHC's operators (each one is a launch on a GPU)."""
     depth = paths.load_script("bench", "depth.py")
     plain = depth.operators_per_step(*depth.METHODS["plain"], 2)

@@ -8,14 +8,16 @@
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
 context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
 connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two stacks of
-half the blocks; plain, with the bridges over its encoder, with the embedding loss); ``--embed-dim``
-measures another width (FFN 4x, the same 4 heads, context and batch): training
+half the blocks; plain, with the bridges over its encoder, with the embedding loss): training
 seconds per update (timed windows of forward + backward + Adam step, every model taking turns
 in one process, each in every slot of the rotation; the time ratio is the median over the
 rounds of the two models' ratio within a round) and the peak memory growth of training (a
 process per model), with each method's multiply-accumulate model (its ``macs`` beside its
-module) as the share of the plain model's forward MACs per token. ``--rows`` measures a subset
-(the plain model always). The worker is ``lm.py``'s. Ratios are the result; absolute numbers
+module) as the share of the plain model's forward MACs per token, and the aten operators of one
+forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow model is bound
+by). ``--rows`` measures a subset
+(the plain model always); ``--embed-dim`` another width (FFN 4x; heads, context and batch
+unchanged). The worker is ``lm.py``'s. Ratios are the result; absolute numbers
 only mean something on a GPU.
 """
 import os
