@@ -71,14 +71,21 @@ def sizes(arch, embed_dim, layers):
     return recipes.lm_sizes(arch, layers, embed_dim, HEADS)
 
 
-def mac_share(arch, flags, embed_dim, layers, context):
-    """The row's forward MACs per token beyond the plain model's / the plain model's (its
-    blocks), from the methods' own MAC models; ar_encdec_lm: its decoder's cross-attention and
-    input projection, and the bridge over its encoder."""
+def small_vocabulary_model(arch, flags, embed_dim, layers, context):
+    """The row's model built in-process over a 16-symbol dictionary (what its structure does
+    not depend on: the MAC model and the operator count read it, nothing trains it)."""
     from fairseq_plugins.inprocess import build_language_model, make_dict
 
     model, _, _ = build_language_model(arch, sizes(arch, embed_dim, layers) + [
         "--tokens-per-sample", str(context), *flags], make_dict(16, "w"))
+    return model
+
+
+def mac_share(arch, flags, embed_dim, layers, context):
+    """The row's forward MACs per token beyond the plain model's / the plain model's (its
+    blocks), from the methods' own MAC models; ar_encdec_lm: its decoder's cross-attention and
+    input projection, and the bridge over its encoder."""
+    model = small_vocabulary_model(arch, flags, embed_dim, layers, context)
     d, ffn = embed_dim, 4 * embed_dim
     # per token: q/k/v/out projections, attention over ~context/2 positions, the MLP
     plain = layers * (4 * d * d + d * context + 2 * d * ffn)
@@ -109,10 +116,7 @@ def operators_per_step(arch, flags, layers):
     allocations apart; :func:`layerlab.bench.operators_dispatched`), counted on the CPU at
     d=32, context 16, batch 2: the count depends on the depth and the method, not on the width
     or the batch, and a GPU step of the comparison's narrow model is bound by it."""
-    from fairseq_plugins.inprocess import build_language_model, make_dict
-
-    model, _, _ = build_language_model(arch, sizes(arch, 32, layers) + [
-        "--tokens-per-sample", "16", *flags], make_dict(16, "w"))
+    model = small_vocabulary_model(arch, flags, 32, layers, 16)
     tokens = torch.randint(4, 20, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def step():
