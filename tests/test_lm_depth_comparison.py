@@ -112,6 +112,12 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert result["threads"] == max(1, (os.cpu_count() or 1) // 2)
     assert (out / "results.md").read_text().startswith("Written ")  # date, command, code
     assert result["test_bits"] == pytest.approx(blocks[:, 0].sum() / blocks[:, 1].sum(), abs=1e-4)
+    # validation and test, each as bits per token and as perplexity (2^bits), in the table too
+    assert rows["mhc_lite"]["valid_ppl"][0] == pytest.approx(2 ** rows["mhc_lite"]["valid_bits"][0],
+                                                             rel=1e-4)
+    assert (f"| {rows['mhc_lite']['valid_bits'][0]:.4f} | {rows['mhc_lite']['valid_ppl'][0]:.1f} | "
+            f"{rows['mhc_lite']['test_bits'][0]:.4f} | {rows['mhc_lite']['test_ppl'][0]:.1f} |"
+            ) in (out / "results.md").read_text()
     assert 0 < result["test_bits"] < np.log2(40)  # a 30-piece vocabulary, barely trained
     vs = rows["mhc_lite"]["vs_baseline"]
     assert vs["low"] <= vs["difference"] <= vs["high"]

@@ -392,9 +392,9 @@ def summarise(args, results, plan, matched_of=None):
         base = blocks(depth, BASELINE)
         table = {}
         lines += [f"### {depth} blocks", "",
-                  "| row | seeds | params | valid bits | test bits | test ppl | "
+                  "| row | seeds | params | valid bits | valid ppl | test bits | test ppl | "
                   "Δ test bits [95%] | test ppl vs baseline | beyond noise | Δ by seed | time | "
-                  "memory |", "|---|---|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|"]
+                  "memory |", "|---|---|---:|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|"]
         for row in rows:
             seeds = finished(depth, row)
             done = [results[(depth, row, s)] for s in seeds]
@@ -406,6 +406,7 @@ def summarise(args, results, plan, matched_of=None):
             entry = {"params": next((r["params"] for r in done if r["params"]), None),
                      "amax_gain": [r.get("amax_gain") for r in done],
                      "valid_bits": valid, "test_bits": test,
+                     "valid_ppl": stats.mean_std([r["valid_ppl"] for r in ok]),
                      "test_ppl": stats.mean_std([r["test_ppl"] for r in ok]),
                      "seeds": seeds,
                      "diverged": [r["seed"] for r in done if r["diverged"]]}
@@ -431,7 +432,8 @@ def summarise(args, results, plan, matched_of=None):
                 f"| {row} | {','.join(map(str, seeds))}"
                 + (f" ({','.join(map(str, entry['diverged']))} diverged)" if entry["diverged"]
                    else "") + f" | {entry['params'] or 0:,} | "
-                f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*test, digits=4)} | "
+                f"{stats.fmt(*valid, digits=4)} | {stats.fmt(*entry['valid_ppl'], digits=1)} | "
+                f"{stats.fmt(*test, digits=4)} | "
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + test_cells(diff, all_diverged=bool(entry["diverged"]) and not ok)
                 + "".join(f" | {value:.3f}" if value is not None else " | —"
