@@ -15,10 +15,9 @@ rounds of the two models' ratio within a round) and the peak memory growth of tr
 process per model), with each method's multiply-accumulate model (its ``macs`` beside its
 module) as the share of the plain model's forward MACs per token, and the aten operators of one
 forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow model is bound
-by). ``--rows`` measures a subset
-(the plain model always); ``--embed-dim`` another width (FFN 4x; heads, context and batch
-unchanged). The worker is ``lm.py``'s. Ratios are the result; absolute numbers
-only mean something on a GPU.
+by). ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN
+4x; heads, context and batch unchanged). The worker is ``lm.py``'s. Ratios are the result;
+absolute numbers only mean something on a GPU.
 """
 import os
 import sys
