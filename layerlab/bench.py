@@ -116,6 +116,21 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def cpu_seconds():
+    """(user, system) CPU seconds this process has used so far, all its threads. The system
+    part is the kernel's work for the process: on CPU mostly the page faults that give freshly
+    mapped memory its pages, which glibc's default allocator causes for every large tensor it
+    maps and unmaps (docs/benchmarks.md)."""
+    t = os.times()
+    return t.user, t.system
+
+
+def allocator_environment():
+    """The glibc allocator settings (``MALLOC_*`` variables) the workers inherit: they decide
+    how much of a CPU step is page faults, so a report names them."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}
+
+
 def timed_windows(step, windows, steps_per_window, warmup, device):
     for _ in range(warmup):
         step()

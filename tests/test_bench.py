@@ -73,6 +73,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
     assert lite["train_time_ratio_vs_mhc"] == pytest.approx(paired(lite, rows["mhc_n4"]),
                                                             abs=2e-3)
     assert depth["ratios_vs_plain"]["plain"]["mac_share"] == 0
+    # None where the quick rows' timed steps took less than the clock's tick (10 ms)
+    assert all(r["system_time_share"] is None or 0 <= r["system_time_share"] < 1
+               for r in rows.values())
     assert all(r["mac_share"] > 0 and r["train_time_ratio"] > 0
                for name, r in depth["ratios_vs_plain"].items() if name != "plain")
     # ar_encdec_lm: its cross-attention beyond the plain blocks; a bridge adds its own MACs (the
@@ -246,8 +249,25 @@ def test_depth_table_shows_operator_counts_and_reads_reports_without_them():
            "mac_share": 0.01}
     report = {"device": "cuda", "fp16": False, "threads": 1, "torch": "x", "embed_dim": 128,
               "config": {"vocab": 10, "context": 4, "batch": 2},
-              "depths": {"12": {"mhc_n4": dict(row, operators_per_step=8605),
+              "depths": {"12": {"mhc_n4": dict(row, operators_per_step=8605,
+                                               system_time_share=0.25),
                                 "mudd": row}}}
     table = depth.markdown_table(report)
-    assert "| 12 | mhc_n4 | 1.500 | 1.100 | 1,000 | 0.0100 | 8,605 |" in table
-    assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |" in table
+    assert "| 12 | mhc_n4 | 1.500 | 1.100 | 1,000 | 0.0100 | 8,605 | 0.250 |" in table
+    assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |  |" in table
+    assert "glibc's defaults (or not recorded)" in table
+    report["allocator_env"] = {"MALLOC_TRIM_THRESHOLD_": "1"}
+    assert "Allocator settings: MALLOC_TRIM_THRESHOLD_=1." in depth.markdown_table(report)
+
+
+def test_cpu_seconds_counts_the_kernel_time_of_fresh_memory():
+    """The bench's kernel share: touching freshly mapped memory (a large tensor glibc maps for
+    it) is page faults, system time of the process, which the split must see."""
+    from layerlab import bench
+
+    user, system = bench.cpu_seconds()
+    for _ in range(3):
+        torch.ones(2**27).sum()  # 512 MB, mapped and unmapped each time
+    user_after, system_after = bench.cpu_seconds()
+    assert system_after - system > 0.01
+    assert user_after >= user

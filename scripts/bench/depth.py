@@ -163,6 +163,7 @@ def run(args):
     report = {"benchmark": "depth", "device": args.device, "fp16": args.fp16,
               "threads": args.threads, "torch": torch.__version__, "config": cfg,
               "windows": windows, "embed_dim": embed_dim, "depths": {},
+              "allocator_env": common.allocator_environment(),
               "targets": common.describe_targets("depth")}
     if common.is_cuda(args.device):  # absolute times mean something only with the card named
         report["gpu"] = torch.cuda.get_device_name(args.device)
@@ -184,6 +185,7 @@ def run(args):
                 "train_seconds_per_update": train[name]["train_seconds_per_update"],
                 "train_seconds_per_round": train[name]["train_seconds_per_round"],
                 "train_time_ratio": common.paired_ratio(train[name], train[BASELINE]),
+                "system_time_share": train[name]["train_system_share"],
                 "train_peak_memory_growth_mb": memory[name]["train_peak_memory_growth_mb"],
                 "memory_growth_ratio": (round(memory[name]["train_peak_memory_growth_mb"]
                                               / base_mem, 3) if base_mem > 0 else None),
@@ -208,16 +210,23 @@ def markdown_table(report):
              f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}. Ratios to the plain "
              "model in the same process; MAC share: the method's forward MACs per token over the "
              "plain blocks'; operators: aten operators of one forward + backward pass, views and "
-             "allocations apart (empty in reports made before the bench counted them).", "",
+             "allocations apart; kernel share: the system part of the process's CPU time in "
+             "the timed steps (page faults, mostly; empty in reports made before the bench "
+             "counted them). Allocator settings: "
+             + (", ".join(f"{k}={v}" for k, v in report.get("allocator_env", {}).items())
+                or "glibc's defaults (or not recorded)") + ".", "",
              "| blocks | method | training time ratio | peak-memory growth ratio | parameters | "
-             "MAC share | operators |", "|---:|---|---:|---:|---:|---:|---:|"]
+             "MAC share | operators | kernel share |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(value, spec):
+        return "" if value is None else format(value, spec)
     for layers, rows in report["depths"].items():
         for name, r in rows.items():
-            ops = r.get("operators_per_step")
             lines.append(f"| {layers} | {name} | {r['train_time_ratio']:.3f} | "
                          f"{r['memory_growth_ratio'] or float('nan'):.3f} | "
                          f"{r['params_reference_count']:,} | {r['mac_share']:.4f} | "
-                         f"{'' if ops is None else f'{ops:,}'} |")
+                         f"{cell(r.get('operators_per_step'), ',')} | "
+                         f"{cell(r.get('system_time_share'), '.3f')} |")
     return "\n".join(lines)
 
 

@@ -112,18 +112,26 @@ def worker(job):
     names = list(job["models"])  # the baseline and every variant, interleaved in one process
     benches = {n: build(n) for n in names}
     times = {n: [] for n in names}
+    cpu = {n: [0.0, 0.0] for n in names}  # user, system CPU seconds of the timed windows
     for n in names:
         for _ in range(w["warmup"]):
             benches[n].train_step()
     for i in range(w["train"]):
         for n in names[i % len(names):] + names[:i % len(names)]:  # each model in every slot
+            before = common.cpu_seconds()
             times[n] += common.timed_windows(benches[n].train_step, 1, w["steps"], 0, device)
+            for j, (end, start) in enumerate(zip(common.cpu_seconds(), before)):
+                cpu[n][j] += end - start
     tokens = cfg["batch"] * cfg["context"]
     # per round too: a ratio of two models taken round by round cancels the machine's drift
     # over the minutes of the run (what a ratio of the two medians does not)
     return {n: {"train_seconds_per_update": common.median(times[n]),
                 "train_tokens_per_second": tokens / common.median(times[n]),
-                "train_seconds_per_round": times[n]} for n in names}
+                "train_seconds_per_round": times[n],
+                # the kernel's share of the CPU time (page faults, mostly): what the
+                # allocator, not the model, costs
+                "train_system_share": (round(cpu[n][1] / sum(cpu[n]), 3) if sum(cpu[n]) > 0
+                                       else None)} for n in names}
 
 
 def parser():
