@@ -283,6 +283,25 @@ def test_sinkhorn_values_and_gradient_are_those_of_the_plain_iterations(iteratio
     assert torch.autograd.gradcheck(lambda x: sinkhorn(x, iterations), (logits[:2, :1],))
 
 
+def test_sinkhorn_products_are_the_same_in_the_cpu_and_the_gpu_form():
+    """mHC's per-position products M^T x and M x: the CPU form (n multiply-adds of slices) and
+    the GPU form (a product and one reduction: fewer kernel launches) against einsum."""
+    from fairseq_plugins.depth.mhc import _MatVec
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.rand(4, 4, 50, generator=g, dtype=torch.float64)
+    x = torch.randn(4, 50, generator=g, dtype=torch.float64)
+    expected = {0: torch.einsum("ijp,ip->jp", m, x), 1: torch.einsum("ijp,jp->ip", m, x)}
+    sliced, reduced = _MatVec(m), _MatVec(m)
+    reduced.slices = None  # what a CUDA tensor gets
+    assert sliced.slices is not None
+    for dim in (0, 1):
+        for form in (sliced, reduced):
+            out = torch.full_like(x, float("nan"))
+            assert form(x, dim, out) is out
+            torch.testing.assert_close(out, expected[dim], rtol=0, atol=1e-14)
+
+
 def test_hand_written_backward_passes_are_the_gradients_of_their_forward_passes():
     """Hyper-Connections' / Frac-Connections' dynamic coefficients (LayerNorm folded into the
     maps, recomputed in the backward pass), AttnRes's weighted sum and mHC's maps of the

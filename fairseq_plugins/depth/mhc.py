@@ -151,9 +151,36 @@ def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
     return _SinkhornScaling.apply(m, iterations).permute(2, 0, 1).reshape(shape)
 
 
+class _MatVec:
+    """Per-position products with the matrices M (n x n x N, N positions last): for vectors x
+    (n x N), ``M^T x`` (``dim`` 0: sum over the rows i of M[i, j] x[i]) and ``M x`` (``dim`` 1),
+    written into ``out`` (n x N).
+
+    On CPU as n multiply-adds of n x N slices: a product over all n x n x N and a reduction
+    over a leading dimension make two passes over a tensor n times larger, and the reduction
+    is the slower kernel (Sinkhorn forward 1.4 -> 0.8 ms per sub-layer at n = 4 and 2,048
+    positions with the buffers of :class:`_SinkhornScaling`, measured on 2 threads). On a GPU,
+    where every operator is a kernel launch, as the product and one reduction (2 operators
+    instead of n)."""
+
+    def __init__(self, m: Tensor):
+        self.m = m
+        self.slices = None if m.is_cuda else (m.unbind(0), m.unbind(1))
+
+    def __call__(self, x: Tensor, dim: int, out: Tensor) -> Tensor:
+        if self.slices is None:
+            return torch.sum(self.m * x.unsqueeze(1 - dim), dim, out=out)
+        parts, xs = self.slices[dim], x.unbind(0)
+        torch.mul(parts[0], xs[0], out=out)
+        for part, xi in zip(parts[1:], xs[1:]):
+            out.addcmul_(part, xi)
+        return out
+
+
 class _SinkhornScaling(torch.autograd.Function):
     """M (n x n x N, positive; N positions last) -> diag(u_t) M diag(v_t) after t iterations
-    (see :func:`sinkhorn`); u, v are n x N.
+    (see :func:`sinkhorn`); u, v are n x N, every iterate written into one buffer per side
+    (t+1 and t rows), which the backward pass reads.
 
     Backward, with G the output's gradient and K = G * M: g_M = u v^T * G; g_u = K v,
     g_v = K^T u; then back through every step (u = 1/z, z = M v: g_z = -u^2 g_u, g_v += M^T g_z;
@@ -162,12 +189,14 @@ class _SinkhornScaling(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, m: Tensor, iterations: int) -> Tensor:
-        us, vs = [m.new_ones(m.size(0), m.size(2))], []
-        for _ in range(iterations):
-            # M^T u: sum over the rows i of M[i, j] u[i]; M v: over the columns j
-            vs.append((m * us[-1].unsqueeze(1)).sum(0).reciprocal_())
-            us.append((m * vs[-1].unsqueeze(0)).sum(1).reciprocal_())
-        us, vs = torch.stack(us), torch.stack(vs)  # (t+1) x n x N, t x n x N
+        n, positions = m.size(0), m.size(2)
+        product = _MatVec(m)
+        us = m.new_empty(iterations + 1, n, positions)
+        vs = m.new_empty(iterations, n, positions)
+        us[0].fill_(1)
+        for t in range(iterations):
+            product(us[t], 0, vs[t]).reciprocal_()  # v = 1 / (M^T u)
+            product(vs[t], 1, us[t + 1]).reciprocal_()  # u = 1 / (M v)
         ctx.save_for_backward(m, us, vs)
         return us[-1].unsqueeze(1) * m * vs[-1].unsqueeze(0)
 
@@ -177,19 +206,20 @@ class _SinkhornScaling(torch.autograd.Function):
         m, us, vs = ctx.saved_tensors
         steps = vs.size(0)
         u, v = us[steps], vs[steps - 1]
-        weighted = grad * m
+        product, weighted = _MatVec(m), _MatVec(grad * m)
         grad_m = grad * u.unsqueeze(1) * v.unsqueeze(0)
-        grad_u = (weighted * v.unsqueeze(0)).sum(1)
-        direct_v = (weighted * u.unsqueeze(1)).sum(0)  # only the last v reaches the output
+        grad_u = weighted(v, 1, torch.empty_like(v))
+        direct_v = weighted(u, 0, torch.empty_like(v))  # only the last v reaches the output
         neg_u2, neg_v2 = us.square().neg_(), vs.square().neg_()  # d(1/z)/dz = -(1/z)^2
         grad_z, grad_w = torch.empty_like(vs), torch.empty_like(vs)  # per step, step 1 first
+        grad_v = torch.empty_like(v)
         for t in range(steps, 0, -1):
             g_z = torch.mul(neg_u2[t], grad_u, out=grad_z[t - 1])  # u_t = 1 / (M v_t)
-            grad_v = (m * g_z.unsqueeze(1)).sum(0)
+            product(g_z, 0, grad_v)
             if t == steps:
                 grad_v += direct_v
             g_w = torch.mul(neg_v2[t - 1], grad_v, out=grad_w[t - 1])  # v_t = 1 / (M^T u_(t-1))
-            grad_u = (m * g_w.unsqueeze(0)).sum(1)
+            product(g_w, 1, grad_u)  # g_z read grad_u already: overwritten in place
         # sum over the steps of g_z v_t^T and u_(t-1) g_w^T
         grad_m += (grad_z.unsqueeze(2) * vs.unsqueeze(1)).sum(0)
         grad_m += (us[:steps].unsqueeze(2) * grad_w.unsqueeze(1)).sum(0)
