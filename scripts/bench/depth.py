@@ -13,9 +13,10 @@ seconds per update (timed windows of forward + backward + Adam step, every model
 in one process, each in every slot of the rotation; the time ratio is the median over the
 rounds of the two models' ratio within a round) and the peak memory growth of training (a
 process per model), with each method's multiply-accumulate model (its ``macs`` beside its
-module) as the share of the plain model's forward MACs per token, and the aten operators of one
+module) as the share of the plain model's forward MACs per token, the aten operators of one
 forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow model is bound
-by). ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN
+by) and the kernel's share of each model's CPU time in the timed steps (page faults: on CPU
+they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under). ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN
 4x; heads, context and batch unchanged). The worker is ``lm.py``'s. Ratios are the result;
 absolute numbers only mean something on a GPU.
 """
