@@ -16,9 +16,10 @@ process per model), with each method's multiply-accumulate model (its ``macs`` b
 module) as the share of the plain model's forward MACs per token, the aten operators of one
 forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow model is bound
 by) and the kernel's share of each model's CPU time in the timed steps (page faults: on CPU
-they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under). ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN
-4x; heads, context and batch unchanged). The worker is ``lm.py``'s. Ratios are the result;
-absolute numbers only mean something on a GPU.
+they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under).
+``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN 4x;
+heads, context and batch unchanged). The worker is ``lm.py``'s. Ratios are the result; absolute
+numbers only mean something on a GPU.
 """
 import os
 import sys
