@@ -125,6 +125,23 @@ def cpu_seconds():
     return t.user, t.system
 
 
+# The kernel splits a process's CPU time into user and system parts by sampling at each clock
+# tick (10 ms), so a split over few ticks is coarse: over 3 ticks the share can only be 0, 1/3,
+# 2/3 or 1. Below this many ticks of CPU time the share is not reported (None).
+MIN_TICKS_FOR_SHARE = 50
+
+
+def system_share(user, system, ticks_per_second=None):
+    """The system (kernel) part of ``user + system`` CPU seconds, rounded to 3 decimals; None
+    where the seconds span fewer than ``MIN_TICKS_FOR_SHARE`` clock ticks (a share sampled that
+    coarsely, e.g. 1.0 from one system tick and no user one, would be read as a measurement)."""
+    ticks_per_second = ticks_per_second or os.sysconf("SC_CLK_TCK")
+    total = user + system
+    if total * ticks_per_second < MIN_TICKS_FOR_SHARE:
+        return None
+    return round(system / total, 3)
+
+
 def allocator_environment():
     """The glibc allocator settings (``MALLOC_*`` variables) the workers inherit: they decide
     how much of a CPU step is page faults, so a report names them."""

@@ -130,8 +130,7 @@ def worker(job):
                 "train_seconds_per_round": times[n],
                 # the kernel's share of the CPU time (page faults, mostly): what the
                 # allocator, not the model, costs
-                "train_system_share": (round(cpu[n][1] / sum(cpu[n]), 3) if sum(cpu[n]) > 0
-                                       else None)} for n in names}
+                "train_system_share": common.system_share(*cpu[n])} for n in names}
 
 
 def parser():
