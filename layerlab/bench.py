@@ -126,8 +126,9 @@ def cpu_seconds():
 
 
 # The kernel splits a process's CPU time into user and system parts by sampling at each clock
-# tick (10 ms), so a split over few ticks is coarse: over 3 ticks the share can only be 0, 1/3,
-# 2/3 or 1. Below this many ticks of CPU time the share is not reported (None).
+# tick (10 ms at Linux's usual 100 Hz), so a split over few ticks is coarse: over 3 ticks the
+# share can only be 0, 1/3, 2/3 or 1. Below this many ticks of CPU time the share is not
+# reported (None).
 MIN_TICKS_FOR_SHARE = 50
 
 

@@ -213,8 +213,9 @@ def markdown_table(report):
              "model in the same process; MAC share: the method's forward MACs per token over the "
              "plain blocks'; operators: aten operators of one forward + backward pass, views and "
              "allocations apart; kernel share: the system part of the process's CPU time in "
-             "the timed steps (page faults, mostly; empty where those steps took under 50 clock "
-             "ticks of CPU time, and in reports made before the bench counted them). "
+             "the timed steps (page faults, mostly; empty where those steps took under "
+             f"{common.MIN_TICKS_FOR_SHARE} clock ticks of CPU time, and in reports made before "
+             "the bench counted them). "
              "Allocator settings: "
              + (", ".join(f"{k}={v}" for k, v in report.get("allocator_env", {}).items())
                 or "glibc's defaults (or not recorded)") + ".", "",
