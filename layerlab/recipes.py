@@ -25,19 +25,26 @@ def lm_sizes(arch, blocks, embed_dim, heads, ffn=None):
             + (["--ffn-embed-dim", ffn] if ffn else []))
 
 
-def lm_adam_inverse_sqrt(max_update, context, batch, lr="2e-3"):
+def lm_adam_inverse_sqrt(max_update, context, batch, lr="2e-3", warmup=None,
+                         log_interval=None):
     """fairseq-train flags of the language-model comparison: ``language_modeling`` over
     ``context``-token blocks (no sentence breaks), ``batch`` blocks per update, Adam (0.9, 0.98),
-    inverse-sqrt schedule warmed up over the first eighth, gradient clipping at 1, dropout 0.1,
-    weight decay 0.01 (the depth connections excluded by default), no validation, last
-    checkpoint only, a JSON record every twentieth of the run."""
+    inverse-sqrt schedule warmed up over ``warmup`` updates (default: the first eighth of the
+    run), gradient clipping at 1, dropout 0.1, weight decay 0.01 (the depth connections excluded
+    by default), no validation, last checkpoint only, a JSON record every ``log_interval``
+    updates (default: every twentieth of the run).
+
+    fairseq's inverse-sqrt schedule does not depend on ``--max-update``: a longer run with the
+    same ``warmup`` trains its first updates exactly as the shorter one (the 8,000-update
+    comparison's warm-up of 100 is the 800-update one's)."""
+    warmup = max(1, max_update // 8) if warmup is None else warmup
+    log_interval = max(1, max_update // 20) if log_interval is None else log_interval
     return ["--task", "language_modeling", "--tokens-per-sample", context,
             "--sample-break-mode", "none", "--batch-size", batch, "--max-update", max_update,
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", lr,
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, max_update // 8),
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,
             "--clip-norm", "1.0", "--dropout", "0.1", "--weight-decay", "0.01",
-            "--no-epoch-checkpoints", "--disable-validation",
-            "--log-interval", max(1, max_update // 20)]
+            "--no-epoch-checkpoints", "--disable-validation", "--log-interval", log_interval]
 
 
 def linear_decay_exact_match(lr, max_tokens, max_update, validate_every, warmup=200,

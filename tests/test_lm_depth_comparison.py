@@ -29,6 +29,12 @@ def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsy
 @pytest.mark.parametrize("flags,message", [
     (["--jobs", "0"], "--jobs 0: at least 1 run at a time"),
     (["--save-interval-updates", "-1"], "--save-interval-updates -1: a number of updates"),
+    (["--updates", "8", "--warmup-updates", "9"], "--warmup-updates 9: between 1 and --updates"),
+    (["--log-interval", "0"], "--log-interval 0: at least 1 update"),
+    (["--updates", "8", "--curve-interval", "9"], "--curve-interval 9: between 1 and --updates"),
+    (["--curve-interval", "150"], "--curve-interval 150 needs checkpoints at its multiples: a "
+                                  "multiple of --save-interval-updates (100)"),
+    (["--curve-interval", "100", "--save-interval-updates", "0"], "needs checkpoints at its"),
 ])
 def test_impossible_run_options_are_refused(lm_bin, tmp_path, capsys, flags, message):
     out = tmp_path / "out"
@@ -184,6 +190,31 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert comparison.main(argv) == 0
     assert (out / "d2" / "baseline" / "seed1" / "result.json").stat().st_mtime_ns == kept
     assert (run / "result.json").exists() and not (run / "stale.log").exists()
+
+
+def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm_bin,
+                                                                              tmp_path):
+    """With the same warm-up, an 8-update run's first 4 updates are the 4-update run's (the
+    inverse-sqrt schedule does not depend on --max-update): the same losses, bitwise, and its
+    curve point at update 4 scores the 4-update run's model; the curve's last point is the
+    final validation score, and no checkpoint is left behind."""
+    common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
+              "--embed-dim", "16", "--no-matched-baselines", "--warmup-updates", "2",
+              "--log-interval", "1", "--save-interval-updates", "2"]
+    assert comparison.main([*common, "--updates", "4", "--out-dir", str(tmp_path / "short")]) == 0
+    assert comparison.main([*common, "--updates", "8", "--curve-interval", "4",
+                            "--out-dir", str(tmp_path / "long")]) == 0
+    short, long = (json.loads((tmp_path / name / "d2" / "baseline" / "seed1" / "result.json")
+                              .read_text()) for name in ("short", "long"))
+    assert len(long["train_losses"]) == 8 and long["train_losses"][:4] == short["train_losses"]
+    assert long["train_losses"][4:] != long["train_losses"][:4]
+    assert "curve" not in short and long["recipe"]["curve_interval"] == 4
+    assert long["curve"]["updates"] == [4, 8]
+    assert long["curve"]["valid_bits"] == [short["valid_bits"], long["valid_bits"]]
+    assert long["curve"]["valid_bits"][1] < long["curve"]["valid_bits"][0]  # it learns
+    assert long["allocator"] == "retain"
+    run = tmp_path / "long" / "d2" / "baseline" / "seed1"
+    assert not any(p.suffix == ".pt" for p in run.iterdir())
 
 
 def test_each_row_is_benchmarked_as_it_is_trained():

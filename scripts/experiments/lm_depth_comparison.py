@@ -102,6 +102,14 @@ KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analys
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
+# glibc's malloc settings for the training processes: with its defaults every tensor above the
+# mmap threshold (the logits, their softmax and gradients) is mapped fresh and unmapped when
+# freed, so each step page-faults it back in (26% of a 4-block run's CPU time, two runs side by
+# side); retained, the same arithmetic runs 1.3x faster (docs/ideas/comparison.md, measured by
+# scripts/bench/comparison_throughput.py)
+ALLOCATORS = {"default": {},
+              "retain": {"MALLOC_MMAP_THRESHOLD_": "4294967296",
+                         "MALLOC_TRIM_THRESHOLD_": "4294967296"}}
 
 
 class InputError(Exception):
@@ -121,8 +129,15 @@ def row_spec(name, depth, embed_dim):
     return arch, recipes.lm_sizes(arch, depth, embed_dim, HEADS) + flags
 
 
-def recipe_flags(updates):
-    return recipes.lm_adam_inverse_sqrt(updates, CONTEXT, BATCH)
+def recipe_flags(updates, warmup=None, log_interval=None):
+    """The fairseq-train flags of the recipe (``warmup``, ``log_interval``: the defaults of
+    ``recipes.lm_adam_inverse_sqrt`` when None)."""
+    return recipes.lm_adam_inverse_sqrt(updates, CONTEXT, BATCH, warmup=warmup,
+                                        log_interval=log_interval)
+
+
+def args_recipe_flags(args):
+    return recipe_flags(args.updates, args.warmup_updates, args.log_interval)
 
 
 def parameters(arch, flags, dictionary):
@@ -155,6 +170,22 @@ def check_inputs(args):
     if args.save_interval_updates < 0:
         raise InputError(f"--save-interval-updates {args.save_interval_updates}: a number of "
                          "updates, or 0 for no checkpoint before the end")
+    if args.warmup_updates is not None and not 1 <= args.warmup_updates <= args.updates:
+        raise InputError(f"--warmup-updates {args.warmup_updates}: between 1 and --updates "
+                         f"({args.updates})")
+    if args.log_interval is not None and args.log_interval < 1:
+        raise InputError(f"--log-interval {args.log_interval}: at least 1 update")
+    if args.curve_interval:
+        # the curve is scored from the checkpoints fairseq keeps at multiples of the interval,
+        # and fairseq writes an interval checkpoint only every --save-interval-updates
+        if not 0 < args.curve_interval <= args.updates:
+            raise InputError(f"--curve-interval {args.curve_interval}: between 1 and --updates "
+                             f"({args.updates}), or 0 for no learning curve")
+        if (not args.save_interval_updates
+                or args.curve_interval % args.save_interval_updates):
+            raise InputError(f"--curve-interval {args.curve_interval} needs checkpoints at its "
+                             f"multiples: a multiple of --save-interval-updates "
+                             f"({args.save_interval_updates})")
     data_dict = os.path.join(args.data, "dict.txt")
     for needed in (data_dict, *(os.path.join(args.data, f"{s}.bin") for s in ("train",
                                                                             "valid", "test"))):
@@ -257,12 +288,14 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     log = os.path.join(run_dir, "train.log")
     result = {"row": row, "depth": depth, "seed": seed, "recipe": recipe, "arch": arch,
               "flags": flags, "code": runs.package_version(), "threads": args.threads,
-              "resumed": resumed}
+              "allocator": args.allocator, "resumed": resumed}
     saves = (["--save-interval-updates", args.save_interval_updates,
               "--keep-interval-updates", 1] if args.save_interval_updates else [])
+    if args.curve_interval:  # fairseq keeps every interval checkpoint at a curve point
+        saves += ["--keep-interval-updates-pattern", args.curve_interval]
     try:
         runs.run_logged(runs.train_command(args.data, run_dir, seed, [
-            "--arch", arch, *flags, *recipe_flags(args.updates), *saves]), log, append=resumed)
+            "--arch", arch, *flags, *args_recipe_flags(args), *saves]), log, append=resumed)
     except runs.StepError as e:
         # a loss that became NaN / inf is a result of the row (reported as diverged), any
         # other failure a bug to see
@@ -293,11 +326,42 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         result[f"{subset}_bits"] = round(significance.score("bits", blocks), 5)
         result[f"{subset}_ppl"] = round(2 ** result[f"{subset}_bits"], 3)
     result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
+    if args.curve_interval:
+        result["curve"] = learning_curve(run_dir, args, result["valid_bits"])
     for name in os.listdir(run_dir):  # the checkpoints are not kept (tens of MB per run)
         if name.endswith(".pt") or name == STARTED:
             os.remove(os.path.join(run_dir, name))
     runs.save_result(run_dir, result)
     return finished_run(run_dir, kept_dir, recipe)
+
+
+def curve_points(updates, interval):
+    """The updates at which a run's learning curve is scored: every ``interval``-th, and the
+    last."""
+    return sorted({*range(interval, updates + 1, interval), updates})
+
+
+def learning_curve(run_dir, args, final_valid_bits):
+    """{"updates": [...], "valid_bits": [...]}: the full validation set scored (as the final
+    ``valid_bits``, by ``score_blocks``) with the checkpoint fairseq kept at every curve point
+    (``checkpoint_<epoch>_<updates>.pt``; the last point is the final model, already scored)."""
+    kept = {}
+    for name in os.listdir(run_dir):
+        parts = name[:-len(".pt")].split("_") if name.endswith(".pt") else []
+        if len(parts) == 3 and parts[0] == "checkpoint" and parts[2].isdigit():
+            kept[int(parts[2])] = os.path.join(run_dir, name)
+    points = curve_points(args.updates, args.curve_interval)
+    bits = []
+    for update in points:
+        if update == args.updates:
+            bits.append(final_valid_bits)
+            continue
+        if update not in kept:  # e.g. the update ended an epoch (no interval checkpoint then)
+            raise runs.StepError(f"{run_dir}: no checkpoint at update {update} for the learning "
+                                 "curve")
+        blocks = score_blocks(kept[update], args.data, "valid")
+        bits.append(round(significance.score("bits", blocks), 5))
+    return {"updates": points, "valid_bits": bits}
 
 
 def bench_ratios():
@@ -546,6 +610,20 @@ def main(argv=None):
     p.add_argument("--depths", type=lambda t: parse_list(t, int), default=[4, 12])
     p.add_argument("--seeds", type=lambda t: parse_list(t, int), default=[1, 2, 3])
     p.add_argument("--updates", type=int, default=800)
+    p.add_argument("--warmup-updates", type=int,
+                   help="warm-up updates of the inverse-sqrt schedule (default: --updates / 8; "
+                        "the schedule does not depend on --updates otherwise, so a longer run "
+                        "with the same warm-up trains its first updates as the shorter one)")
+    p.add_argument("--log-interval", type=int,
+                   help="a training-loss record every N updates (default: --updates / 20)")
+    p.add_argument("--curve-interval", type=int, default=0,
+                   help="the learning curve: the full validation set scored every N updates "
+                        "(a multiple of --save-interval-updates), kept in each run's result; "
+                        "0: none")
+    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="retain",
+                   help="glibc's malloc settings for fairseq-train: retain (keep freed memory "
+                        "for reuse instead of unmapping it: no page faults on every step; the "
+                        "same arithmetic) or default")
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--no-matched-baselines", action="store_true")
     p.add_argument("--results-name", help="also copy the tables to results/NAME.{json,md}")
@@ -590,16 +668,19 @@ def main(argv=None):
                 matched_of[(depth, row)] = matched
                 if (depth, matched) not in plan:
                     plan.append((depth, matched))
-    # seed by seed within a depth: a comparison stopped part-way has every row at the first
-    # seeds rather than some rows at every seed and others at none
-    order = [(depth, row, seed) for depth in args.depths for seed in args.seeds
+    # seed by seed, and within a seed depth by depth: a comparison stopped part-way has every
+    # row at the first seeds (at every depth) rather than some rows at every seed and others
+    # at none
+    order = [(depth, row, seed) for seed in args.seeds for depth in args.depths
              for d, row in plan if d == depth]
 
     def recipe_of(depth, row):  # as JSON stores it (a finished run's recipe is compared with it)
-        return json.loads(json.dumps({
-            "updates": args.updates, "embed_dim": args.embed_dim, "context": CONTEXT,
-            "batch": BATCH, "spec": row_spec(row, depth, args.embed_dim),
-            "recipe": recipe_flags(args.updates)}))
+        recipe = {"updates": args.updates, "embed_dim": args.embed_dim, "context": CONTEXT,
+                  "batch": BATCH, "spec": row_spec(row, depth, args.embed_dim),
+                  "recipe": args_recipe_flags(args)}
+        if args.curve_interval:  # a run without the curve is not one with it
+            recipe["curve_interval"] = args.curve_interval
+        return json.loads(json.dumps(recipe))
 
     def run_dir(depth, row, seed):
         return os.path.join(args.out_dir, f"d{depth}", row, f"seed{seed}")
@@ -641,18 +722,25 @@ def main(argv=None):
         # here torch's setting
         import torch
 
-        saved = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+        saved = ({name: os.environ.get(name) for name in ("OMP_NUM_THREADS",
+                                                          *ALLOCATORS["retain"])},
+                 torch.get_num_threads())
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        # glibc reads its malloc settings when a process starts: they reach fairseq-train
+        for name in ALLOCATORS["retain"]:
+            os.environ.pop(name, None)
+        os.environ.update(ALLOCATORS[args.allocator])
         torch.set_num_threads(args.threads)
         try:
             tasks = [(index, *key) for index, key in enumerate(order)]
             for (_, *key), result in runs.in_parallel(run, tasks, args.jobs):
                 results[tuple(key)] = result
         finally:  # as they were (main() also runs in-process, e.g. in the tests)
-            if saved[0] is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved[0]
+            for name, value in saved[0].items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             torch.set_num_threads(saved[1])
             lock.close()
             if kept_lock is not None:
