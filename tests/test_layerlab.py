@@ -1,6 +1,7 @@
 """The experiment library (layerlab): one source for the benchmark targets, the fairseq commands,
 failed steps, log parsing and seed summaries; and no script reaching around it."""
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -251,3 +252,34 @@ def test_a_divergence_is_told_from_other_failures():
     assert runs.diverged(runs.StepError("...FloatingPointError: Minimum loss scale reached"))
     assert runs.diverged(runs.StepError("... loss is NaN at update 12"))
     assert not runs.diverged(runs.StepError("... ValueError: --weight-decay with --fp16"))
+
+
+def test_the_deeper_depth_is_the_shallowest_whose_baseline_beats_the_shallow_one(tmp_path,
+                                                                                 capsys):
+    from layerlab import depth_choice
+
+    def finish(depth, bits, diverged=False):
+        run = tmp_path / f"d{depth}" / "baseline" / "seed1"
+        run.mkdir(parents=True)
+        (run / "result.json").write_text(json.dumps({"test_bits": bits, "diverged": diverged}))
+
+    finish(4, 5.70)
+    finish(12, 5.65)
+    # a depth not finished yet: no choice, one line naming it
+    with pytest.raises(SystemExit) as stop:
+        depth_choice.main([str(tmp_path), "--shallow", "4", "--candidates", "8,12"])
+    assert stop.value.code == 2
+    assert "no finished baseline run at seed 1 for 8 blocks" in capsys.readouterr().err
+    finish(8, 5.72)  # 8 blocks still behind 4, 12 ahead: 12
+    assert depth_choice.deeper_depth(str(tmp_path), 4, [8, 12]) == (
+        12, {4: 5.70, 8: 5.72, 12: 5.65}, True)
+    assert depth_choice.main([str(tmp_path), "--shallow", "4", "--candidates", "12,8"]) == 0
+    assert capsys.readouterr().out == "12\n"
+    (tmp_path / "d12" / "baseline" / "seed1" / "result.json").write_text(
+        json.dumps({"test_bits": 5.71, "diverged": False}))  # none ahead: the deepest, said so
+    assert depth_choice.deeper_depth(str(tmp_path), 4, [8, 12])[::2] == (12, False)
+    assert depth_choice.main([str(tmp_path), "--shallow", "4", "--candidates", "8,12"]) == 0
+    assert "no candidate beats 4 blocks" in capsys.readouterr().err
+    (tmp_path / "d8" / "baseline" / "seed1" / "result.json").write_text(
+        json.dumps({"test_bits": 5.60, "diverged": False}))  # the shallowest that beats it
+    assert depth_choice.deeper_depth(str(tmp_path), 4, [8, 12])[0] == 8

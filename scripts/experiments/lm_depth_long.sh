@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The WikiText-2 depth comparison over ten times the training, with learning curves
+# (docs/ideas/comparison.md, "8,000 updates"): scripts/experiments/lm_depth_comparison.py with
+# 8,000 updates, the 800-update comparison's warm-up (100 updates) and logging (every 40), the
+# full validation set scored every 800 updates, three seeds. Resumable, in stages:
+#   1. the baseline at 4, 8 and 12 blocks, seed 1: the deeper depth is the shallowest of 8 and
+#      12 whose baseline ends below the 4-block baseline's test bits (12 when neither does);
+#   2. every row at 4 blocks, seed 1 (while the depth is not known yet);
+#   3. every row at 4 blocks and the deeper depth, seeds 1, 2, 3, seed by seed.
+# Each stage skips what is finished (result.json), continues an interrupted run from its last
+# checkpoint (every 100 updates), keeps every finished run in results/lm_depth_runs_8k (commit
+# it) and writes the tables to results/lm_depth_comparison_8k_cpu.{json,md}.
+#   [OUT=DIR] [DEEP=8|12] [ROWS=a,b] [JOBS=2] [WIKITEXT_FROM=DIR] bash scripts/experiments/lm_depth_long.sh
+# OUT (scratch: checkpoints, logs) defaults to ~/layerlab-runs/lm-depth-8k, outside the work
+# tree, so that a new checkout on the same machine continues the unfinished runs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$HOME/layerlab-runs/lm-depth-8k}
+KEEP=results/lm_depth_runs_8k
+ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,attn_res_block,mudd,dwa,lrf,lrf_all_positions,value_residual,ar_encdec}
+python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
+compare() {
+    python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
+        --keep-runs "$KEEP" --results-name lm_depth_comparison_8k_cpu --updates 8000 \
+        --warmup-updates 100 --log-interval 40 --curve-interval 800 --jobs "${JOBS:-2}" "$@"
+}
+compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
+DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
+echo "the deeper depth: $DEEP blocks" >&2
+compare --rows "$ROWS" --depths 4 --seeds 1
+compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3
