@@ -147,3 +147,36 @@ def layer_profiles(rows, out, title=None, offsets=None):
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return True
+
+
+def curve_differences(panels, out, title=None, ylabel="Δ validation bits vs the baseline"):
+    """Learning curves as differences from a baseline: one panel per (label, {row: (updates,
+    mean, low, high)}), each row a line (its mean over seeds) with a band (``low`` .. ``high``,
+    e.g. the seeds' range), a dotted zero line (the baseline). False when no panel has a row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(label, rows) for label, rows in panels if rows]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
+    colours = plt.get_cmap("tab20")
+    for ax, (label, rows) in zip(axes[0], panels):
+        for k, (row, (updates, mean, low, high)) in enumerate(rows.items()):
+            colour = colours(k % 20)
+            ax.plot(updates, mean, marker="o", markersize=3, linewidth=1, color=colour,
+                    linestyle="-" if k < 10 else "--", label=row)
+            ax.fill_between(updates, low, high, color=colour, alpha=0.15, linewidth=0)
+        ax.axhline(0, color="black", linestyle=":", linewidth=1)
+        ax.set(xlabel="updates", ylabel=ylabel, title=label)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True

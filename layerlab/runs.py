@@ -122,9 +122,44 @@ def load_result(run_dir, recipe=None):
     with open(path) as f:
         done = json.load(f)
     if recipe is not None and done.get("recipe") != recipe:
-        raise StepError(f"{run_dir} is a finished run made with another recipe "
-                        f"({done.get('recipe', 'not recorded')}); use another --out-dir")
+        raise OtherRecipe(f"{run_dir} is a finished run made with another recipe "
+                          f"({recipe_difference(done.get('recipe'), recipe)}): runs of "
+                          "different recipes are not mixed in one table; use another --out-dir")
     return done
+
+
+class OtherRecipe(StepError):
+    """A finished run was made with another recipe than the one asked for."""
+
+
+def _flag_values(flags):
+    """{flag: its value (True for a switch)} of a fairseq command line's flags."""
+    out, flags = {}, [str(f) for f in flags]
+    for i, flag in enumerate(flags):
+        if flag.startswith("--"):
+            has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            out[flag] = flags[i + 1] if has_value else True
+    return out
+
+
+def recipe_difference(theirs, ours):
+    """What differs between two recipes (dicts; a ``recipe`` entry is a list of flags), in a
+    few words: 'updates 800, not 8000; --warmup-updates 100, not 1000'."""
+    if not isinstance(theirs, dict):
+        return "not recorded"
+    out = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if a == b:
+            continue
+        if key == "recipe" and isinstance(a, list) and isinstance(b, list):
+            fa, fb = _flag_values(a), _flag_values(b)
+            out += [f"{f} {fa.get(f, 'unset')}, not {fb.get(f, 'unset')}"
+                    for f in sorted(set(fa) | set(fb)) if fa.get(f) != fb.get(f)]
+        else:
+            out.append(f"{key} {a if a is not None else 'unset'}, not "
+                       f"{b if b is not None else 'unset'}")
+    return "; ".join(out) or "the same"
 
 
 def in_parallel(function, tasks, jobs):

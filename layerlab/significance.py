@@ -52,6 +52,23 @@ def score(metric, stats):
     return BLEU()._compute_score_from_stats([int(x) for x in stats.sum(axis=0)]).score
 
 
+def _sentences(row_runs, base_runs):
+    """The number of test sentences every run was scored on (the same for all, or an error)."""
+    n = row_runs[0].shape[0]
+    if any(r.shape[0] != n for r in list(row_runs) + list(base_runs)):
+        raise ValueError("every run must be scored on the same test sentences")
+    return n
+
+
+def _interval(metric, observed, diffs):
+    """A bootstrap's result: the observed difference and the 95% interval of ``diffs``."""
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    digits = DIGITS[metric]
+    return {"difference": round(float(observed), digits), "low": round(float(low), digits),
+            "high": round(float(high), digits), "larger_than_noise": bool(low > 0 or high < 0),
+            "replicates": len(diffs)}
+
+
 def hierarchical_bootstrap(metric, row_runs, base_runs, replicates=1000, seed=0):
     """The difference (row - base) of the seed-mean scores and its 95% bootstrap interval.
 
@@ -59,9 +76,7 @@ def hierarchical_bootstrap(metric, row_runs, base_runs, replicates=1000, seed=0)
     order). Returns {difference, low, high, larger_than_noise, replicates}; ``larger_than_noise``
     when the interval excludes 0.
     """
-    n = row_runs[0].shape[0]
-    if any(r.shape[0] != n for r in list(row_runs) + list(base_runs)):
-        raise ValueError("every run must be scored on the same test sentences")
+    n = _sentences(row_runs, base_runs)
     observed = (np.mean([score(metric, r) for r in row_runs])
                 - np.mean([score(metric, r) for r in base_runs]))
     rng = np.random.default_rng(seed)
@@ -72,8 +87,32 @@ def hierarchical_bootstrap(metric, row_runs, base_runs, replicates=1000, seed=0)
         base = [base_runs[s] for s in rng.integers(0, len(base_runs), len(base_runs))]
         diffs[b] = (np.mean([score(metric, r[sentences]) for r in row])
                     - np.mean([score(metric, r[sentences]) for r in base]))
-    low, high = np.percentile(diffs, [2.5, 97.5])
-    digits = DIGITS[metric]
-    return {"difference": round(float(observed), digits), "low": round(float(low), digits),
-            "high": round(float(high), digits), "larger_than_noise": bool(low > 0 or high < 0),
-            "replicates": replicates}
+    return _interval(metric, observed, diffs)
+
+
+def paired_hierarchical_bootstrap(metric, row_runs, base_runs, replicates=1000, seed=0):
+    """As :func:`hierarchical_bootstrap`, but paired over seeds: ``row_runs[i]`` and
+    ``base_runs[i]`` were trained with the same seed, and every replicate draws one set of seeds
+    for both rows (and one set of sentences for every run), so that it resamples the per-seed
+    differences rather than each row's seeds independently.
+
+    Why it may pair: in the comparisons here a seed fixes the data order (fairseq shuffles each
+    epoch with the seed) and the per-update random state (seed + update number), so the part of
+    a score that comes from the seed's draw of data is shared by the two rows and cancels in
+    their difference. The unpaired test counts that shared part twice (conservative); this one
+    measures how much the difference itself varies from seed to seed. With few seeds the
+    bootstrap of a mean of n values narrows its spread by (n - 1) / n: a verdict still needs
+    three seeds on each side (the callers' rule)."""
+    if len(row_runs) != len(base_runs):
+        raise ValueError(f"a paired test needs the same seeds on both sides ({len(row_runs)} "
+                         f"against {len(base_runs)} runs)")
+    n = _sentences(row_runs, base_runs)
+    observed = np.mean([score(metric, r) - score(metric, b) for r, b in zip(row_runs, base_runs)])
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(replicates)
+    for i in range(replicates):
+        sentences = rng.integers(0, n, n)
+        drawn = rng.integers(0, len(row_runs), len(row_runs))
+        diffs[i] = np.mean([score(metric, row_runs[s][sentences])
+                            - score(metric, base_runs[s][sentences]) for s in drawn])
+    return _interval(metric, observed, diffs)

@@ -193,17 +193,18 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
 
 
 def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm_bin,
-                                                                              tmp_path):
+                                                                              tmp_path, capsys):
     """With the same warm-up, an 8-update run's first 4 updates are the 4-update run's (the
     inverse-sqrt schedule does not depend on --max-update): the same losses, bitwise, and its
     curve point at update 4 scores the 4-update run's model; the curve's last point is the
     final validation score, and no checkpoint is left behind."""
-    common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
+    common = ["--data", str(lm_bin), "--rows", "baseline,dwa", "--depths", "2", "--seeds", "1",
               "--embed-dim", "16", "--no-matched-baselines", "--warmup-updates", "2",
               "--log-interval", "1", "--save-interval-updates", "2"]
     assert comparison.main([*common, "--updates", "4", "--out-dir", str(tmp_path / "short")]) == 0
-    assert comparison.main([*common, "--updates", "8", "--curve-interval", "4",
-                            "--out-dir", str(tmp_path / "long")]) == 0
+    longer = [*common, "--updates", "8", "--curve-interval", "4", "--out-dir",
+              str(tmp_path / "long")]
+    assert comparison.main(longer) == 0
     short, long = (json.loads((tmp_path / name / "d2" / "baseline" / "seed1" / "result.json")
                               .read_text()) for name in ("short", "long"))
     assert len(long["train_losses"]) == 8 and long["train_losses"][:4] == short["train_losses"]
@@ -215,6 +216,74 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     assert long["allocator"] == "retain"
     run = tmp_path / "long" / "d2" / "baseline" / "seed1"
     assert not any(p.suffix == ".pt" for p in run.iterdir())
+    # the report: DWA's curve as its difference from the baseline of the same seed, ranked at
+    # each point, drawn; both tests against the baseline (unpaired and paired over seeds)
+    dwa = json.loads((tmp_path / "long" / "d2" / "dwa" / "seed1" / "result.json").read_text())
+    report = json.loads((tmp_path / "long" / "results.json").read_text())
+    curve = report["curves"]["2"]["dwa"]
+    assert curve["updates"] == [4, 8] and curve["seeds"] == [1]
+    assert curve["delta_mean"] == pytest.approx(
+        np.subtract(dwa["curve"]["valid_bits"], long["curve"]["valid_bits"]), abs=1e-5)
+    assert curve["delta_low"] == curve["delta_mean"] == curve["delta_high"]  # one seed
+    table = (tmp_path / "long" / "results.md").read_text()
+    assert f"| dwa | 1 | {curve['delta_mean'][0]:+.4f} (1) | {curve['delta_mean'][1]:+.4f} (1) |" \
+        in table
+    assert f"| baseline (bits) | 1 | {long['curve']['valid_bits'][0]:.4f} |" in table
+    assert (tmp_path / "long" / "curves.png").stat().st_size > 0
+    unpaired, paired = (report["depths"]["2"]["dwa"][k]
+                        for k in ("vs_baseline", "vs_baseline_paired"))
+    assert paired["difference"] == unpaired["difference"] and paired["seeds"] == 1
+    assert paired["larger_than_noise"] is None  # one seed: no verdict either
+    # against the shorter budget: the runs reproduce it, and each row's move is reported
+    assert comparison.main([*longer, "--report-only", "--shorter-report",
+                            str(tmp_path / "short" / "results.json"),
+                            "--shorter-runs", str(tmp_path / "short")]) == 0
+    report = json.loads((tmp_path / "long" / "results.json").read_text())
+    checks = {c["row"]: c for c in report["reproduction"]}
+    assert checks["baseline"]["valid_bits"] == [short["valid_bits"]] * 2
+    assert checks["baseline"]["train_losses_equal"] and checks["dwa"]["train_losses_equal"]
+    assert report["budgets"]["depths"]["2"]["moved"] == {"dwa": "not judged"}
+    table = (tmp_path / "long" / "results.md").read_text()
+    assert "| 2 | baseline | 1 | 4 |" in table and "### 4 against 8 updates, 2 blocks" in table
+    # runs of another budget are never mixed into one table: one line, nothing trained
+    capsys.readouterr()
+    assert comparison.main([*longer[:-1], str(tmp_path / "short"), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "made with another recipe" in err
+    assert "updates 4, not 8" in err and "--max-update 4, not 8" in err
+    # a shorter report that is not shorter is refused
+    assert comparison.main([*longer, "--report-only", "--shorter-report",
+                            str(tmp_path / "long" / "results.json")]) == 2
+    assert "trained 8 updates, not fewer than --updates 8" in capsys.readouterr().err
+
+
+def test_how_a_difference_moves_between_budgets():
+    def test(diff, low, high, seeds=3):
+        return {"difference": diff, "low": low, "high": high,
+                "larger_than_noise": (low > 0 or high < 0) if seeds >= 3 else None}
+    move = comparison.change_between_budgets
+    assert move(test(-0.03, -0.04, -0.02), test(-0.08, -0.09, -0.07)) == "lower: the gain grows"
+    assert move(test(-0.08, -0.09, -0.07), test(-0.03, -0.04, -0.02)) == "higher: the gain shrinks"
+    assert move(test(-0.08, -0.09, -0.07), test(0.03, 0.02, 0.04)) == "higher: the gain reverses"
+    assert move(test(-0.03, -0.04, -0.02), test(-0.035, -0.05, -0.02)) == \
+        "same within noise: persists"
+    assert move(test(0.08, 0.07, 0.09), test(0.03, 0.02, 0.04)) == "lower: the deficit shrinks"
+    assert move(test(0.00, -0.01, 0.01), test(0.001, -0.01, 0.01)) == \
+        "same within noise: no difference at either"
+    assert move(test(-0.03, -0.04, -0.02, seeds=1), test(-0.08, -0.09, -0.07)) == "not judged"
+
+
+def test_the_curve_table_ranks_the_rows_at_every_point():
+    curves = {row: {"updates": [800, 1600], "seeds": [1], "delta_mean": d, "delta_low": d,
+                    "delta_high": d}
+              for row, d in (("a", [-0.01, -0.05]), ("b", [-0.03, -0.01]), ("c", [0.02, -0.03]))}
+    lines = comparison.curve_lines(4, curves, {1: {"updates": [800, 1600],
+                                                   "valid_bits": [6.0, 5.5]}})
+    assert "| a | 1 | -0.0100 (2) | -0.0500 (1) |" in lines
+    assert "| c | 1 | +0.0200 (3) | -0.0300 (2) |" in lines
+    assert "| baseline (bits) | 1 | 6.0000 | 5.5000 |" in lines
+    # ranks (2, 1, 3) then (1, 3, 2): Spearman -0.5
+    assert any("800 and 1600 updates: -0.50 over 3 rows" in line for line in lines)
 
 
 def test_each_row_is_benchmarked_as_it_is_trained():

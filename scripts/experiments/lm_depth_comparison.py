@@ -186,6 +186,20 @@ def check_inputs(args):
             raise InputError(f"--curve-interval {args.curve_interval} needs checkpoints at its "
                              f"multiples: a multiple of --save-interval-updates "
                              f"({args.save_interval_updates})")
+    if args.shorter_report:
+        other = runs.read_json(args.shorter_report)
+        if not other or "depths" not in other:
+            raise InputError(f"--shorter-report {args.shorter_report}: not a report of this "
+                             "script (results.json)")
+        if other.get("updates", args.updates) >= args.updates:
+            raise InputError(f"--shorter-report {args.shorter_report}: its runs trained "
+                             f"{other.get('updates')} updates, not fewer than --updates "
+                             f"{args.updates}")
+        if other.get("embed_dim") != args.embed_dim:
+            raise InputError(f"--shorter-report {args.shorter_report}: d={other.get('embed_dim')}"
+                             f", not --embed-dim {args.embed_dim}")
+    if args.shorter_runs and not os.path.isdir(args.shorter_runs):
+        raise InputError(f"--shorter-runs {args.shorter_runs}: no such folder")
     data_dict = os.path.join(args.data, "dict.txt")
     for needed in (data_dict, *(os.path.join(args.data, f"{s}.bin") for s in ("train",
                                                                             "valid", "test"))):
@@ -376,18 +390,29 @@ def bench_ratios():
     return out
 
 
-def paired_test(rows_blocks, base_blocks):
+def paired_test(rows_blocks, base_blocks, paired_seeds=False):
     """The hierarchical bootstrap of one row against a baseline (each a list of per-seed test
     blocks); with one seed on either side the interval holds the test blocks' sampling only,
     not the seed spread (the issue's ~0.03 bits), and with two it sees half its variance: no verdict
-    below ``VERDICT_SEEDS`` on either side (``seeds``: the fewer of the two)."""
-    test = significance.hierarchical_bootstrap("bits", rows_blocks, base_blocks)
+    below ``VERDICT_SEEDS`` on either side (``seeds``: the fewer of the two). ``paired_seeds``:
+    the two lists hold the same seeds in the same order, and the bootstrap draws them together
+    (``significance.paired_hierarchical_bootstrap``: the per-seed differences resampled)."""
+    test = (significance.paired_hierarchical_bootstrap if paired_seeds
+            else significance.hierarchical_bootstrap)("bits", rows_blocks, base_blocks)
     test["seeds"] = min(len(rows_blocks), len(base_blocks))
     if test["seeds"] < VERDICT_SEEDS:
         test["larger_than_noise"] = None
     # "x% lower perplexity": the perplexity is 2^bits, so its ratio is 2^difference
     test["ppl_ratio"] = {k: round(2 ** test[k], 5) for k in ("difference", "low", "high")}
     return test
+
+
+def paired_cells(test):
+    """The cells of the test paired over seeds: the difference [95%], the verdict."""
+    if test is None:
+        return "— | —"
+    return (f"{test['difference']:+.4f} [{test['low']:+.4f}, {test['high']:+.4f}] | "
+            f"{verdict(test)}")
 
 
 def test_cells(diff, all_diverged):
@@ -442,12 +467,36 @@ def summarise(args, results, plan, matched_of=None):
 
     loaded = {}
 
-    def blocks(depth, row):  # loaded once: a matched baseline is read for every row it matches
-        if (depth, row) not in loaded:
-            loaded[(depth, row)] = [np.load(os.path.join(args.out_dir, f"d{depth}", row,
-                                                         f"seed{s}", "test_blocks.npy"))
-                                    for s in converged(depth, row)]
-        return loaded[(depth, row)]
+    def seed_blocks(depth, row, seed):  # loaded once: a baseline is read for every row
+        if (depth, row, seed) not in loaded:
+            loaded[(depth, row, seed)] = np.load(os.path.join(
+                args.out_dir, f"d{depth}", row, f"seed{seed}", "test_blocks.npy"))
+        return loaded[(depth, row, seed)]
+
+    def blocks(depth, row):
+        return [seed_blocks(depth, row, s) for s in converged(depth, row)]
+
+    def depth_curve(depth, row):
+        """The row's learning curve as differences from the baseline trained with the same
+        seed: {updates, seeds, delta_mean, delta_low, delta_high} (low / high: the seeds'
+        range), or None when no seed of both has a curve."""
+        base = {s: results[(depth, BASELINE, s)].get("curve") for s in converged(depth, BASELINE)}
+        own = {s: results[(depth, row, s)].get("curve") for s in converged(depth, row)}
+        seeds = [s for s in own if own[s] and base.get(s)
+                 and own[s]["updates"] == base[s]["updates"]]
+        if not seeds:
+            return None
+        deltas = np.array([np.subtract(own[s]["valid_bits"], base[s]["valid_bits"])
+                           for s in seeds])
+        return {"updates": own[seeds[0]]["updates"], "seeds": seeds,
+                **{f"delta_{k}": [round(float(x), 5) for x in f(deltas, axis=0)]
+                   for k, f in (("mean", np.mean), ("low", np.min), ("high", np.max))}}
+
+    def paired(depth, row):  # the test paired over the seeds both rows converged at
+        shared = [s for s in converged(depth, row) if s in converged(depth, BASELINE)]
+        return paired_test([seed_blocks(depth, row, s) for s in shared],
+                           [seed_blocks(depth, BASELINE, s) for s in shared],
+                           paired_seeds=True) if shared else None
 
     for depth in args.depths:
         rows = [r for (d, r) in plan if d == depth and finished(d, r)]
@@ -457,8 +506,9 @@ def summarise(args, results, plan, matched_of=None):
         table = {}
         lines += [f"### {depth} blocks", "",
                   "| row | seeds | params | valid bits | valid ppl | test bits | test ppl | "
-                  "Δ test bits [95%] | test ppl vs baseline | beyond noise | Δ by seed | time | "
-                  "memory |", "|---|---|---:|---:|---:|---:|---:|---:|---:|:-:|---:|---:|---:|"]
+                  "Δ test bits [95%] | test ppl vs baseline | beyond noise | Δ by seed | "
+                  "paired over seeds [95%] | beyond noise (paired) | time | memory |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|:-:|---:|---:|:-:|---:|---:|"]
         for row in rows:
             seeds = finished(depth, row)
             done = [results[(depth, row, s)] for s in seeds]
@@ -483,6 +533,7 @@ def summarise(args, results, plan, matched_of=None):
                     str(s): round(results[(depth, row, s)]["test_bits"]
                                   - results[(depth, BASELINE, s)]["test_bits"], 4)
                     for s in converged(depth, row) if s in shared}
+                entry["vs_baseline_paired"] = paired(depth, row)
             matched = matched_of.get((depth, row))
             if matched and ok and converged(depth, matched):
                 entry["vs_matched"] = dict(paired_test(blocks(depth, row),
@@ -500,6 +551,7 @@ def summarise(args, results, plan, matched_of=None):
                 f"{stats.fmt(*test, digits=4)} | "
                 f"{stats.fmt(*entry['test_ppl'], digits=1)} | "
                 + test_cells(diff, all_diverged=bool(entry["diverged"]) and not ok)
+                + " | " + paired_cells(entry.get("vs_baseline_paired"))
                 + "".join(f" | {value:.3f}" if value is not None else " | —"
                           for value in (entry["train_time_ratio"], entry["memory_growth_ratio"]))
                 + " |")
@@ -526,10 +578,43 @@ def summarise(args, results, plan, matched_of=None):
                 for row, seeds in gains.items()]
         lines.append("")
         report["depths"][str(depth)] = table
+        curves = {row: depth_curve(depth, row) for row in rows if row != BASELINE}
+        curves = {row: c for row, c in curves.items() if c}
+        if curves:
+            report.setdefault("curves", {})[str(depth)] = curves
+            lines += curve_lines(depth, curves, {s: results[(depth, BASELINE, s)]["curve"]
+                                                 for s in converged(depth, BASELINE)})
     if len(report["depths"]) > 1:
         report["ranking"], ranking_lines = ranking_across_depths(report["depths"])
         lines += ranking_lines
     return report, "\n".join(lines)
+
+
+def curve_lines(depth, curves, base_curves):
+    """The markdown of one depth's learning curves: the baseline's validation bits and every
+    row's mean difference from it at each recorded update, with the row's rank there (1: the
+    lowest validation bits), and the rank correlation of the first and the last point."""
+    updates = next(iter(curves.values()))["updates"]
+    curves = {row: c for row, c in curves.items() if c["updates"] == updates}
+    base = [c for c in base_curves.values() if c and c["updates"] == updates]
+    ranks = np.argsort(np.argsort([c["delta_mean"] for c in curves.values()], axis=0), axis=0) + 1
+    lines = [f"Learning curves at {depth} blocks: validation bits (the full set) of the baseline "
+             "(mean over its seeds) and each row's difference from the baseline trained with "
+             "the same seed (mean over seeds; in brackets the rank among the rows at that "
+             "update, 1: the lowest):", "",
+             "| row | seeds | " + " | ".join(f"{u}" for u in updates) + " |",
+             "|---|---|" + "---:|" * len(updates),
+             f"| baseline (bits) | {len(base)} | "
+             + " | ".join(f"{np.mean([c['valid_bits'][i] for c in base]):.4f}"
+                          for i in range(len(updates))) + " |"]
+    for k, (row, c) in enumerate(curves.items()):
+        lines.append(f"| {row} | {','.join(map(str, c['seeds']))} | " + " | ".join(
+            f"{d:+.4f} ({r})" for d, r in zip(c["delta_mean"], ranks[k])) + " |")
+    if len(curves) >= 3 and len(updates) > 1:
+        rho = float(np.corrcoef(ranks[:, 0], ranks[:, -1])[0, 1])
+        lines += ["", f"Spearman's rank correlation of the rows' ranks at {updates[0]} and "
+                  f"{updates[-1]} updates: {rho:+.2f} over {len(curves)} rows."]
+    return lines + [""]
 
 
 def ranking_across_depths(depths):
@@ -560,6 +645,118 @@ def ranking_across_depths(depths):
         lines.append(f"| {rows[i]} | {diffs[low][i]:+.4f} | {seeds[low][i]} | {ranks[low][i]} | "
                      f"{diffs[high][i]:+.4f} | {seeds[high][i]} | {ranks[high][i]} |")
     return entry, lines + [""]
+
+
+def change_between_budgets(short, long):
+    """How a row's difference from the baseline moved from a shorter to a longer training
+    (each its ``vs_baseline`` test): 'lower' / 'higher' when the two 95% intervals are apart,
+    'same within noise' when they overlap, 'not judged' below three seeds on either side; and
+    what that means for the row: its gain (or deficit) grows, shrinks, persists or reverses."""
+    if short["larger_than_noise"] is None or long["larger_than_noise"] is None:
+        return "not judged"
+    if long["high"] < short["low"]:
+        moved = "lower"
+    elif long["low"] > short["high"]:
+        moved = "higher"
+    else:
+        return "same within noise: " + ("persists" if short["larger_than_noise"]
+                                        else "no difference at either")
+    gain = short["difference"] < 0
+    flipped = long["larger_than_noise"] and (long["difference"] < 0) != gain
+    what = "gain" if gain else "deficit"
+    if flipped:
+        return f"{moved}: the {what} reverses"
+    return f"{moved}: the {what} {'grows' if (moved == 'lower') == gain else 'shrinks'}"
+
+
+def budget_lines(args, report):
+    """The comparison with a shorter budget's report (``--shorter-report``): per depth in both,
+    every row's difference from the baseline at each budget, how it moved, and the rank
+    correlation of the two budgets' rankings. -> (JSON entry, markdown lines)."""
+    with open(args.shorter_report) as f:
+        short = json.load(f)
+    entry, lines = {"updates": [short["updates"], args.updates], "depths": {}}, []
+    for depth, table in report["depths"].items():
+        other = short["depths"].get(depth, {})
+        rows = [r for r in table if "vs_baseline" in table[r] and "vs_baseline" in other.get(r, {})]
+        if not rows:
+            continue
+        lines += [f"### {short['updates']} against {args.updates} updates, {depth} blocks", "",
+                  f"Δ test bits against the baseline after each budget (the {short['updates']}-"
+                  f"update runs: {args.shorter_report}), 95% intervals of the hierarchical "
+                  "bootstrap; moved: lower / higher when the two intervals are apart.", "",
+                  f"| row | Δ at {short['updates']} [95%] | Δ at {args.updates} [95%] | moved |",
+                  "|---|---:|---:|---|"]
+        moves = {}
+        for row in rows:
+            a, b = other[row]["vs_baseline"], table[row]["vs_baseline"]
+            moves[row] = change_between_budgets(a, b)
+            lines.append(f"| {row} | {a['difference']:+.4f} [{a['low']:+.4f}, {a['high']:+.4f}] "
+                         f"| {b['difference']:+.4f} [{b['low']:+.4f}, {b['high']:+.4f}] | "
+                         f"{moves[row]} |")
+        spearman = None
+        if len(rows) >= 3:
+            ranks = [np.argsort(np.argsort([t[r]["vs_baseline"]["difference"] for r in rows]))
+                     for t in (other, table)]
+            spearman = round(float(np.corrcoef(*ranks)[0, 1]), 3)
+            lines += ["", f"Spearman's rank correlation of the two budgets' rankings: "
+                      f"{spearman:+.2f} over {len(rows)} rows."]
+        entry["depths"][depth] = {"moved": moves, "spearman": spearman}
+        lines.append("")
+    return entry, lines
+
+
+def reproduction_lines(args, results):
+    """Whether each run's first updates are the shorter budget's run (``--shorter-runs``: its
+    kept runs): the curve point at the shorter run's last update against that run's
+    validation bits, and its logged training losses against the longer run's first ones (the
+    same --log-interval). -> (JSON entry, markdown lines)."""
+    checks = []
+    for (depth, row, seed), long in sorted(results.items()):
+        short = runs.read_json(os.path.join(args.shorter_runs, f"d{depth}", row, f"seed{seed}",
+                                            "result.json"))
+        curve = long.get("curve")
+        if not short or not curve or short.get("diverged") or long.get("diverged"):
+            continue
+        budget = short["recipe"]["updates"]
+        if budget not in curve["updates"]:
+            continue
+        losses = short.get("train_losses") or []
+        checks.append({
+            "depth": depth, "row": row, "seed": seed, "updates": budget,
+            "codes": [short.get("code"), long.get("code")],
+            "threads": [short.get("threads"), long.get("threads")],
+            "valid_bits": [short["valid_bits"], curve["valid_bits"][curve["updates"].index(budget)]],
+            "train_losses_equal": bool(losses) and long["train_losses"][:len(losses)] == losses})
+    if not checks:
+        return None, []
+    lines = ["### Do the longer runs start as the shorter ones?", "",
+             "Each run's validation bits at the shorter budget's last update (its curve point) "
+             f"against the shorter run's ({args.shorter_runs}), and whether the logged training "
+             "losses of the shorter run (3 decimals, every logged update) are the longer run's "
+             "first ones; the code and threads of both.", "",
+             "| blocks | row | seed | updates | short code | long code | threads | valid bits "
+             "short | long | difference | losses equal |", "|---:|---|---:|---:|---|---|---|"
+             "---:|---:|---:|:-:|"]
+    for c in checks:
+        lines.append(f"| {c['depth']} | {c['row']} | {c['seed']} | {c['updates']} | "
+                     f"{c['codes'][0]} | {c['codes'][1]} | {c['threads'][0]} / {c['threads'][1]}"
+                     f" | {c['valid_bits'][0]:.5f} | {c['valid_bits'][1]:.5f} | "
+                     f"{c['valid_bits'][1] - c['valid_bits'][0]:+.5f} | "
+                     f"{'yes' if c['train_losses_equal'] else 'no'} |")
+    return checks, lines + [""]
+
+
+def curves_figure(args, report):
+    """Every row's learning curve as its difference from the baseline (mean and the seeds'
+    range), one panel per depth: ``curves.png`` in the output folder; False without curves."""
+    panels = [(f"{depth} blocks", {row: (c["updates"], c["delta_mean"], c["delta_low"],
+                                         c["delta_high"]) for row, c in rows.items()})
+              for depth, rows in report.get("curves", {}).items()]
+    return figures.curve_differences(
+        panels, os.path.join(args.out_dir, "curves.png"),
+        f"validation bits minus the baseline's (same seed), {args.updates} updates: mean and "
+        "range over seeds")
 
 
 def first_seed_analyses(args, plan, depth):
@@ -636,6 +833,13 @@ def main(argv=None):
                    help="also keep every finished run's result, test-block scores and (first "
                         "seed) layer analysis in DIR, and take finished runs from there: a "
                         "committed DIR lets a fresh clone resume the comparison")
+    p.add_argument("--shorter-report", metavar="FILE",
+                   help="also compare every row's difference from the baseline with the one in "
+                        "this report of a shorter training (e.g. "
+                        "results/lm_depth_comparison_cpu.json, 800 updates)")
+    p.add_argument("--shorter-runs", metavar="DIR",
+                   help="also check that each run's curve point at a shorter run's last update "
+                        "reproduces that run (its kept runs, e.g. results/lm_depth_runs)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: the tables of the runs finished so far (each row over "
                         "the seeds it has)")
@@ -696,13 +900,18 @@ def main(argv=None):
                                depth, seed, recipe_of(depth, row))
 
     results = {}
-    if args.report_only:
+    # a finished run of another recipe (another --updates, warm-up, curve) is never mixed into
+    # this table: one line, before anything trains
+    try:
         for depth, row, seed in order:
             done = finished_run(run_dir(depth, row, seed), kept_dir(depth, row, seed),
                                 recipe_of(depth, row))
             if done is not None:
                 results[(depth, row, seed)] = done
-    else:
+    except runs.OtherRecipe as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.report_only:
         # two processes training into one folder would train the same runs over each other
         lock = runs.exclusive_lock(os.path.join(args.out_dir, ".lock"))
         if lock is None:
@@ -746,9 +955,18 @@ def main(argv=None):
             if kept_lock is not None:
                 kept_lock.close()
     report, table = summarise(args, results, plan, matched_of)
+    extra = []
+    if args.shorter_report:
+        report["budgets"], lines = budget_lines(args, report)
+        extra += lines
+    if args.shorter_runs:
+        report["reproduction"], lines = reproduction_lines(args, results)
+        extra += lines
+    table = "\n".join([table, *extra])
     figures_made = [(kind, d) for d in args.depths
                     for kind, make in (("weights", weights_figure), ("layers", layers_figure))
                     if make(args, plan, d)]
+    curves_made = curves_figure(args, report)
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(args.out_dir, "results.md"), "w") as f:
@@ -760,6 +978,9 @@ def main(argv=None):
         for kind, depth in figures_made:
             shutil.copy(os.path.join(args.out_dir, f"{kind}_d{depth}.png"),
                         os.path.join(paths.RESULTS, f"{args.results_name}_{kind}_d{depth}.png"))
+        if curves_made:
+            shutil.copy(os.path.join(args.out_dir, "curves.png"),
+                        os.path.join(paths.RESULTS, f"{args.results_name}_curves.png"))
     print(table)
     return 0
 
