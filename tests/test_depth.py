@@ -335,6 +335,28 @@ def test_hand_written_backward_passes_are_the_gradients_of_their_forward_passes(
     assert torch.autograd.gradcheck(mhc._RMSMaps.apply, (x, weight))
 
 
+def test_mhc_initialisation_is_exact_in_float64():
+    """The residual initialisation's H_res logits are built in the parameters' dtype: a model
+    cast to float64 and initialised again starts exactly at the documented H_res (3/4 on the
+    diagonal, 1/12 elsewhere at n = 4), not a float32 constant's 1e-8 away."""
+    import math
+
+    from fairseq_plugins.depth import mhc
+
+    model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc"])
+    connection = model.decoder.depth.connection.double()
+    connection.reset_parameters()
+    n = connection.streams
+    assert connection.bias_res.dtype == torch.float64
+    exact = math.log(mhc.HOME / (1 - mhc.HOME) * (n - 1))
+    assert torch.equal(connection.bias_res, torch.eye(n, dtype=torch.float64).expand_as(
+        connection.bias_res) * exact)
+    h_res = mhc.sinkhorn(connection.bias_res, connection.iterations)
+    documented = torch.full((n, n), (1 - mhc.HOME) / (n - 1), dtype=torch.float64)
+    documented.fill_diagonal_(mhc.HOME)
+    assert (h_res - documented).abs().max() < 1e-15
+
+
 def test_mhc_lite_is_exactly_doubly_stochastic():
     model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc_lite"])
     model = _train_steps(model, steps=20)

@@ -315,7 +315,11 @@ class ManifoldHyperConnections(MultiStream):
             if self.lite:  # softmax weight HOME on the identity (index 0), the rest equal
                 self.bias_res[:, 0] = math.log(HOME / (1 - HOME) * (self.bias_res.size(1) - 1))
             else:  # exp(b): HOME / (1 - HOME) * (n - 1) on the diagonal, 1 elsewhere
-                self.bias_res.copy_(torch.eye(n) * math.log(HOME / (1 - HOME) * (n - 1)))
+                # the identity in the parameter's dtype: a float32 constant would leave a
+                # float64 model 1e-8 away from this initialisation
+                self.bias_res.copy_(torch.eye(n, dtype=self.bias_res.dtype,
+                                              device=self.bias_res.device)
+                                    * math.log(HOME / (1 - HOME) * (n - 1)))
         if self.readout == "learned":
             self.readout_map.zero_()
             self.readout_gate.fill_(0.01)
