@@ -103,6 +103,74 @@ def test_initialisation_is_the_plain_model(arch, name):
         torch.testing.assert_close(got, expected, rtol=IDENTITY[name], atol=IDENTITY[name])
 
 
+# how a model with the connection, given a trained plain checkpoint, matches it: IDENTITY's
+# bounds (mHC's float32-rounded bias logits weigh more on trained activations: 1e-7), AttnRes
+# exactly up to the LayerNorms' eps (set to 0 here) in gpt_baseline_lm; None: not the same
+# function (ar_encdec_lm's encoder output, read without a norm, is the plain one / s under
+# AttnRes), only the loading is checked
+FROM_PLAIN = {**IDENTITY, "mhc": 1e-7, "mhc_lite": 1e-7, "mhc_lite_mean": 1e-7,
+              "attn_res": 1e-12, "attn_res_block": 1e-12}
+
+
+@pytest.mark.parametrize("arch", LMS)
+@pytest.mark.parametrize("name", sorted(FROM_PLAIN))
+def test_a_plain_checkpoint_continues_with_the_connection_at_its_initialisation(arch, name,
+                                                                               caplog):
+    """--finetune-from-model / --restore-file of a plain model's checkpoint into a model with a
+    depth connection (fairseq's load: the model's upgrade, then a strict load): the shared
+    weights are the checkpoint's, the connection starts at its initialisation (one log line
+    naming it), and before the first update the model computes the checkpoint's function."""
+    import logging
+
+    plain, _, _ = _lm(arch)
+    _train_steps(plain, steps=3)  # no LayerNorm left at 1 / 0: copies must be real copies
+    model, _, _ = _lm(arch, methods(arch)[name], seed=1)
+    with caplog.at_level(logging.INFO):
+        model.load_state_dict(plain.state_dict())
+    plain, model = plain.double().eval(), model.double().eval()
+    if name.startswith("attn_res"):
+        _set_layer_norm_eps(0.0, plain, model)
+    tokens = _tokens()
+    with torch.no_grad():
+        expected, got = plain(tokens)[0], model(tokens)[0]
+    bound = None if name.startswith("attn_res") and arch.startswith("ar_") else FROM_PLAIN[name]
+    if bound == 0.0:
+        assert torch.equal(got, expected)
+    elif bound is not None:
+        torch.testing.assert_close(got, expected, rtol=bound, atol=bound)
+    for key, value in plain.state_dict().items():  # the shared weights are the checkpoint's
+        assert torch.equal(model.state_dict()[key], value), key
+    if not name.startswith("dwa"):  # DWA's averages say so their own way
+        assert any("the checkpoint has no" in r.getMessage() and "starts at its "
+                   "initialisation" in r.getMessage() for r in caplog.records)
+
+
+def test_fairseq_train_finetunes_a_plain_checkpoint_with_a_connection(lm_bin, tmp_path):
+    """fairseq-train --finetune-from-model of a gpt_baseline_lm checkpoint with
+    --hyper-connections dynamic trains, says the connection starts at its initialisation, and
+    its first update's loss (the model before any update, on the same first batch) is the plain
+    model's fine-tuned the same way."""
+    import re
+
+    plain = train_lm(lm_bin, tmp_path / "plain", "gpt_baseline_lm_tiny", updates=10)
+
+    def first_loss(name, *flags):
+        out = run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                      "language_modeling", "--arch", "gpt_baseline_lm_tiny", *flags,
+                      "--tokens-per-sample", "32", "--sample-break-mode", "none", "--optimizer",
+                      "adam", "--lr", "3e-3", "--batch-size", "8", "--max-update", "2",
+                      "--save-dir", tmp_path / name, "--no-epoch-checkpoints", "--num-workers",
+                      "0", "--seed", "1", "--log-format", "json", "--log-interval", "1",
+                      "--finetune-from-model", plain, "--disable-validation")
+        return out, re.search(r'"loss": "([0-9.]+)"', out).group(1)
+
+    out, hc_loss = first_loss("hc", "--hyper-connections", "dynamic")
+    assert "the checkpoint has no --hyper-connections weights: the connection starts at its " \
+        "initialisation" in out
+    _, plain_loss = first_loss("again")
+    assert hc_loss == plain_loss
+
+
 @pytest.mark.parametrize("arch", LMS)
 def test_hyper_connections_sum_readout_is_the_plain_model_up_to_the_final_norms_eps(arch):
     """The paper's sum: n h into the final LayerNorm, LN(n h) with eps = LN(h) with eps / n^2;
@@ -599,9 +667,8 @@ def test_checkpoints_of_another_variant_load_or_fail_clearly():
     with torch.no_grad():  # the dynamic part at its init: the static model's function
         torch.testing.assert_close(dynamic.eval()(tokens)[0], static.eval()(tokens)[0],
                                    rtol=1e-5, atol=1e-5)
-    plain, _, _ = _lm("gpt_baseline_lm_tiny")
     with pytest.raises(ValueError, match="not trained with --hyper-connections"):
-        dynamic.load_state_dict(plain.state_dict())
+        dynamic.load_state_dict(_lm("gpt_baseline_lm_tiny", MUDD["mudd"])[0].state_dict())
     two, _, _ = _lm("gpt_baseline_lm_tiny", HC["static"] + ["--hc-expansion-rate", "2"])
     with pytest.raises(ValueError, match="--hc-expansion-rate 2"):
         static.load_state_dict(two.state_dict())
@@ -652,13 +719,15 @@ def test_frac_and_attn_res_checkpoints_of_another_variant_load_or_fail_clearly()
     with torch.no_grad():
         torch.testing.assert_close(dynamic.eval()(_tokens())[0], static.eval()(_tokens())[0],
                                    rtol=1e-5, atol=1e-5)
-    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --frac-conn"),
+    for other, message in ((_lm("gpt_baseline_lm_tiny", MHC["mhc"])[0],
+                            "not trained with --frac-conn"),
                            (_lm("gpt_baseline_lm_tiny", FRAC["frac_m2"])[0], "--frac-rate"),
                            (_lm("gpt_baseline_lm_tiny", HC["static"])[0], "--frac-rate")):
         with pytest.raises(ValueError, match=message):
             dynamic.load_state_dict(other.state_dict())
     full, _, _ = _lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res"])
-    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --attn-res"),
+    for other, message in ((_lm("gpt_baseline_lm_tiny", MUDD["mudd"])[0],
+                            "not trained with --attn-res"),
                            (_lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res_block"])[0],
                             "trained with --attn-res block --attn-res-blocks 2, this model "
                             "has --attn-res full")):
@@ -669,8 +738,7 @@ def test_frac_and_attn_res_checkpoints_of_another_variant_load_or_fail_clearly()
 
 def test_mhc_checkpoints_of_another_method_or_size_are_refused():
     model, _, _ = _lm("gpt_baseline_lm_tiny", MHC["mhc"])
-    for other, message in ((_lm("gpt_baseline_lm_tiny")[0], "not trained with --mhc"),
-                           (_lm("gpt_baseline_lm_tiny", HC["static"])[0], "not trained with --mhc"),
+    for other, message in ((_lm("gpt_baseline_lm_tiny", HC["static"])[0], "not trained with --mhc"),
                            (_lm("gpt_baseline_lm_tiny", MHC["mhc_lite"])[0], "--mhc-expansion-rate"),
                            (_lm("gpt_baseline_lm_tiny", MHC["mhc_n2_zeros_sum"])[0],
                             "--mhc-expansion-rate")):

@@ -135,7 +135,7 @@ class AttentionResiduals(Connection):
     their logits for every query (K+1 tensors T x B per source, computed once per source),
     ``stream`` the current group's partial sum (Block) or the last output (Full)."""
 
-    name = "attn_res"
+    name, flag = "attn_res", FLAG
     needs_pre_norm = True
     additive = False
 
@@ -170,8 +170,13 @@ class AttentionResiduals(Connection):
         self.key_gains.fill_(1.0)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """A checkpoint without these weights (another method's, or a plain model's), or of the
-        other variant or block count, cannot be continued: errors naming the flags."""
+        """A plain model's checkpoint (no connection weights): the pseudo-queries start at
+        their initialisation (:meth:`~.interface.Connection.start_from_plain`; zero: each
+        sub-layer reads the mean of its sources, the plain stream up to the LayerNorms' eps).
+        Another method's connection weights, or the other variant or block count, cannot be
+        continued: errors naming the flags."""
+        if self.start_from_plain(state_dict, name):
+            return
         prefix = f"{name}." if name else ""
         if f"{prefix}queries" not in state_dict:
             raise ValueError(f"the checkpoint has no Attention Residuals weights at {prefix}"

@@ -385,10 +385,14 @@ class HyperConnections(MultiStream):
                 getattr(self, key).fill_(value)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """A checkpoint of static Hyper-Connections into the dynamic variant: the dynamic part
-        starts at its initialisation (maps 0: the same function as the checkpoint). A
-        checkpoint without the static weights (another method's, or a plain model's) cannot
-        be continued with Hyper-Connections: an error naming the flag."""
+        """A plain model's checkpoint (no connection weights): the connections start at their
+        initialisation (:meth:`~.interface.Connection.start_from_plain`). A checkpoint of static
+        Hyper-Connections into the dynamic variant: the dynamic part starts at its
+        initialisation (maps 0: the same function as the checkpoint). Another method's
+        connection weights cannot be continued with Hyper-Connections: an error naming the
+        flag."""
+        if self.start_from_plain(state_dict, name):
+            return
         prefix = f"{name}." if name else ""
         if f"{prefix}static_alpha" not in state_dict:
             raise ValueError(f"the checkpoint has no {self.name} weights at {prefix}"

@@ -43,12 +43,15 @@ step's own lower states), so the state needs no cache; the attention caches hold
 attention projected from what it read (for value residual, the mixed values; for LRF's
 all-positions reading, the earlier steps' lower-layer keys and values).
 """
+import logging
 from collections import OrderedDict
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
+
+logger = logging.getLogger(__name__)
 
 SELF, CROSS, FUSE, FFN = "self", "cross", "fuse", "ffn"
 SUBLAYERS = (SELF, CROSS, FUSE, FFN)
@@ -101,6 +104,7 @@ class Connection(nn.Module):
     # analysis can decompose it (Hyper-Connections and MUDD mix the streams instead)
     additive = True
     needs_pre_norm = False  # defined only for pre-norm stacks (a build-time check)
+    flag: Optional[str] = None  # the option that turns the connection on (messages name it)
 
     def __init__(self, layout: Layout, keep_history: bool = False):
         super().__init__()
@@ -162,6 +166,22 @@ class Connection(nn.Module):
         """The state as one T x B x C tensor (what the stack would hand on if it ended here):
         what the layer analysis reads as a block's input and output."""
         return self.finish(state)
+
+    def start_from_plain(self, state_dict, name: str) -> bool:
+        """Continue a checkpoint that has no weight of this connection at all (nothing under
+        ``name``: a model trained without it, e.g. with ``--finetune-from-model`` or
+        ``--restore-file`` of a plain checkpoint): the connection's own weights as they are
+        (in a model just built, its initialisation) go into ``state_dict``, with one log line,
+        and True is returned; False when the checkpoint has weights under ``name`` (whose the
+        caller checks). For a connection whose initialisation is the plain model this is the
+        pretrained function at the first update."""
+        prefix = f"{name}." if name else ""
+        if not prefix or any(k.startswith(prefix) for k in state_dict):
+            return False
+        state_dict.update({prefix + k: v for k, v in self.state_dict().items()})
+        logger.info(f"{name}: the checkpoint has no {self.flag or self.name} weights: the "
+                    "connection starts at its initialisation, the rest from the checkpoint")
+        return True
 
     def connection_parameters(self) -> List[nn.Parameter]:
         """The parameters of the connection itself (excluded from weight decay)."""

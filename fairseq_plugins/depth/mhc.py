@@ -269,7 +269,7 @@ class ManifoldHyperConnections(MultiStream):
     ``bias_pre`` / ``bias_post`` K x n, ``bias_res`` K x n x n (lite: K x n!). The learned readout:
     ``readout_map`` n x nC, ``readout_gate`` (1), ``readout_bias`` n."""
 
-    name = "mhc"
+    name, flag = "mhc", FLAG
 
     def __init__(self, layout: Layout, embed_dim: int, rate: int, lite: bool = False,
                  iterations: int = 20, init: str = "residual", readout: str = "learned"):
@@ -326,8 +326,12 @@ class ManifoldHyperConnections(MultiStream):
             self.readout_bias.fill_(logit(1.0 / n) if self.init == "residual" else 0.0)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """A checkpoint without these weights (another method's, or a plain model's) cannot be
-        continued with mHC; one with another n or variant neither: errors naming the flags."""
+        """A plain model's checkpoint (no connection weights): mHC starts at its initialisation
+        (:meth:`~.interface.Connection.start_from_plain`). Another method's connection weights
+        cannot be continued with mHC; mHC weights of another n or variant neither: errors
+        naming the flags."""
+        if self.start_from_plain(state_dict, name):
+            return
         prefix = f"{name}." if name else ""
         if f"{prefix}maps" not in state_dict:
             raise ValueError(f"the checkpoint has no mHC weights at {prefix}maps: it was not "

@@ -114,7 +114,7 @@ class Mudd(Connection):
     """MUDD connections over a stack of ``layout`` (every block's first sub-layer is its
     self-attention). ``aggregates[i]``: the DA after block i."""
 
-    name = "mudd"
+    name, flag = "mudd", FLAG
     needs_pre_norm = True
     additive = False
 
@@ -130,6 +130,12 @@ class Mudd(Connection):
             states = i + 2
             hidden = states * count * (4 if i == last else 1)
             self.aggregates.append(DepthAggregate(embed_dim, states, count, hidden))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A plain model's checkpoint (no connection weights): the aggregates start at their
+        initialisation, the identity (:meth:`~.interface.Connection.start_from_plain`; the
+        blocks' key / value LayerNorms start as copies of their self-attention's)."""
+        self.start_from_plain(state_dict, name)
 
     def separate_inputs(self, block: int) -> bool:
         """Whether ``block``'s self-attention reads separate query/key/value inputs."""

@@ -221,6 +221,20 @@ class PreNormBlock(nn.Module):
         """The block's sub-layers in order (the depth connection's layout)."""
         return (SELF, FUSE, FFN) if fuses else (SELF, FFN)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A checkpoint of a block without separate key/value inputs (a plain model's) into one
+        with them (MUDD): their LayerNorms start as copies of the checkpoint's self-attention
+        LayerNorm, so that while the connection feeds the three inputs the same stream (its
+        initialisation) the block computes what the checkpoint's did."""
+        if self.key_layer_norm is None:
+            return
+        prefix = f"{name}." if name else ""
+        source = f"{prefix}self_attn_layer_norm."
+        for key, value in list(state_dict.items()):
+            if key.startswith(source):
+                for norm in ("key_layer_norm", "value_layer_norm"):
+                    state_dict.setdefault(f"{prefix}{norm}.{key[len(source):]}", value.clone())
+
     def _self(self, state: StackState, depth: Depth, incremental_state):
         inputs, token = depth.read(state, self.index, SELF)
         key = value = None
