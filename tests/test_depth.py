@@ -145,6 +145,78 @@ def test_a_plain_checkpoint_continues_with_the_connection_at_its_initialisation(
                    "initialisation" in r.getMessage() for r in caplog.records)
 
 
+LM_MISMATCHES = [  # (the checkpoint's flags, the model's, what the error says)
+    (["--decoder-fusion"], [], "the checkpoint was trained with --encoder-fusion / "
+     "--decoder-fusion and this model was built without it (decoder.layers.*.fuse_attn, "
+     "decoder.layers.*.fuse_attn_layer_norm)"),
+    ([], ["--decoder-fusion"], "this model was built with --encoder-fusion / --decoder-fusion "
+     "and the checkpoint was trained without it (decoder.layers.*.fuse_attn"),
+    (["--decoder-fusion", "--fusion-kind", "dwa"], [], "trained with --encoder-fusion / "
+     "--decoder-fusion with --fusion-kind dwa and this model was built without it "
+     "(decoder.depth.connection.averages)"),
+    (["--hyper-connections", "dynamic"], [], "trained with --hyper-connections or "
+     "--frac-connections and this model was built without it (decoder.depth.connection)"),
+    (["--frac-connections", "dynamic"], [], "trained with --hyper-connections or "
+     "--frac-connections and this model was built without it (decoder.depth.connection)"),
+    (["--mhc", "lite"], [], "trained with --mhc and this model was built without it "
+     "(decoder.depth.connection)"),
+    (["--attn-res", "full"], [], "trained with --attn-res and this model was built without it"),
+    (["--mudd"], [], "trained with --mudd and this model was built without it "
+     "(decoder.depth.connection.aggregates, decoder.layers.*.key_layer_norm, "
+     "decoder.layers.*.value_layer_norm)"),
+    (["--value-residual", "learnable"], [], "trained with --value-residual and this model was "
+     "built without it (decoder.depth.value_residual)"),
+    ([], ["--value-residual", "learnable"], "this model was built with --value-residual"),
+    (["--layers", "3"], [], "the checkpoint lacks weights this model has, of another "
+     "architecture or size (decoder.layers.*.ffn.fc1"),
+]
+
+
+@pytest.mark.parametrize("theirs,ours,message", LM_MISMATCHES)
+def test_a_checkpoint_of_other_options_is_refused_naming_them(theirs, ours, message):
+    """Every idea's weights in a checkpoint loaded into a model built without them (or the
+    reverse): one ValueError naming the option and the modules, not torch's key list."""
+    checkpoint = _lm("gpt_baseline_lm_tiny", theirs)[0].state_dict()
+    model, _, _ = _lm("gpt_baseline_lm_tiny", ours)
+    with pytest.raises(ValueError) as error:
+        model.load_state_dict(checkpoint)
+    text = str(error.value)
+    assert text.startswith("the checkpoint does not fit this model: ") and "\n" not in text
+    assert message in text
+    assert "another architecture" not in text or "--" not in message.split("(")[0]
+
+
+def test_a_seq2seq_checkpoint_of_other_options_is_refused_naming_each():
+    from fairseq_plugins.inprocess import build_translation_model
+
+    theirs = build_translation_model("layerwise_transformer_tiny", [
+        "--encoder-fusion", "--bridge", "fc", "--cross-attention", "swapped"])[0]
+    plain = build_translation_model("layerwise_transformer_tiny")[0]
+    with pytest.raises(ValueError) as error:
+        plain.load_state_dict(theirs.state_dict())
+    text = str(error.value)
+    for part in ("trained with --cross-attention and this model was built without it "
+                 "(decoder.layers.*.encoder_attn", "trained with --bridge and this model was "
+                 "built without it (encoder.bridge)", "trained with --encoder-fusion / "
+                 "--decoder-fusion and this model was built without it (encoder.layers.*."
+                 "fuse_attn"):
+        assert part in text
+    assert "another architecture" not in text
+
+
+def test_fairseq_train_names_the_option_of_a_mismatched_checkpoint(lm_bin, tmp_path):
+    fused = train_lm(lm_bin, tmp_path / "fused", "gpt_baseline_lm_tiny", "--decoder-fusion",
+                     updates=2)
+    proc = run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                   "language_modeling", "--arch", "gpt_baseline_lm_tiny", "--tokens-per-sample",
+                   "32", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3",
+                   "--batch-size", "8", "--max-update", "2", "--save-dir", tmp_path / "plain",
+                   "--num-workers", "0", "--finetune-from-model", fused, check=False)
+    assert proc.returncode != 0
+    assert ("the checkpoint was trained with --encoder-fusion / --decoder-fusion and this model "
+            "was built without it") in proc.stderr + proc.stdout
+
+
 def test_fairseq_train_finetunes_a_plain_checkpoint_with_a_connection(lm_bin, tmp_path):
     """fairseq-train --finetune-from-model of a gpt_baseline_lm checkpoint with
     --hyper-connections dynamic trains, says the connection starts at its initialisation, and

@@ -67,6 +67,7 @@ PRESETS = {"attn_res": {"attn_res": "full"},  # <family>_<name>_tiny
            "attn_res_block": {"attn_res": "block", "attn_res_blocks": 2}}
 CONFIG = AttnResConfig
 FLAG = "--attn-res"  # the option that turns the method on (its errors name it)
+CHECKPOINT_NAMES = {"queries": FLAG, "key_gains": FLAG}  # what a mismatched checkpoint is named by
 DEFAULTS = {"attn_res_blocks": 4}
 
 

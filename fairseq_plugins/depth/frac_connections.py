@@ -61,6 +61,7 @@ class FracConnectionsConfig(FairseqDataclass):
 PRESETS = {"frac_connections": {"frac_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = FracConnectionsConfig
 FLAG = "--frac-connections"  # the option that turns the method on (its errors name it)
+CHECKPOINT_NAMES = {"static_alpha": FLAG, "dynamic_alpha": FLAG}  # as Hyper-Connections'
 DEFAULTS = {"frac_rate": 4}
 
 

@@ -64,6 +64,11 @@ class FusionConfig(FairseqDataclass):
 
 
 CONFIG = FusionConfig  # what options.py composes into the model's dataclass
+# the weights' names (a component of their state-dict keys) -> the options that make them: LRF's
+# fuse-attention in the blocks, DWA's averages in the stack's connection
+CHECKPOINT_NAMES = {"fuse_attn": "--encoder-fusion / --decoder-fusion",
+                    "fuse_attn_layer_norm": "--encoder-fusion / --decoder-fusion",
+                    "averages": "--encoder-fusion / --decoder-fusion with --fusion-kind dwa"}
 
 
 @dataclass(frozen=True)

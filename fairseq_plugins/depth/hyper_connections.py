@@ -66,6 +66,9 @@ class HyperConnectionsConfig(FairseqDataclass):
 PRESETS = {"hyper_connections": {"hyper_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = HyperConnectionsConfig
 FLAG = "--hyper-connections"  # the option that turns the method on (its errors name it)
+# the weights' names (a component of their state-dict keys) -> the option that makes them: a
+# checkpoint that has them, loaded into a model without them or the reverse, is named by it
+CHECKPOINT_NAMES = {"static_alpha": FLAG, "dynamic_alpha": FLAG}
 DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
 
 

@@ -96,6 +96,7 @@ class MHCConfig(FairseqDataclass):
 PRESETS = {"mhc": {"mhc": "sinkhorn"}, "mhc_lite": {"mhc": "lite"}}
 CONFIG = MHCConfig
 FLAG = "--mhc"  # the option that turns the method on (its errors name it)
+CHECKPOINT_NAMES = {"maps": FLAG, "bias_res": FLAG}  # what a mismatched checkpoint is named by
 DEFAULTS = {"mhc_expansion_rate": 4, "mhc_sinkhorn_iterations": 20, "mhc_init": "residual",
             "mhc_readout": "learned"}
 

@@ -49,6 +49,8 @@ class MuddConfig(FairseqDataclass):
 PRESETS = {"mudd": {"mudd": True}}  # <family>_<name>_tiny
 CONFIG = MuddConfig
 FLAG = "--mudd"  # the option that turns the method on (its errors name it)
+# what a mismatched checkpoint is named by (the blocks' key / value LayerNorms too)
+CHECKPOINT_NAMES = {"aggregates": FLAG, "key_layer_norm": FLAG, "value_layer_norm": FLAG}
 
 
 def active(args) -> bool:

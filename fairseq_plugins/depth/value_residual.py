@@ -42,6 +42,7 @@ class ValueResidualConfig(FairseqDataclass):
 PRESETS = {"value_residual": {"value_residual": "learnable"}}  # <family>_<name>_tiny
 CONFIG = ValueResidualConfig
 FLAG = "--value-residual"  # the option that turns the method on (its errors name it)
+CHECKPOINT_NAMES = {"value_residual": FLAG}  # what a mismatched checkpoint is named by
 
 
 def active(args) -> bool:

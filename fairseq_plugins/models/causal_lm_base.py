@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
 from .. import config, depth, weight_logging
+from ..checkpoint_names import NamesCheckpointMismatch
 from ..depth.lrf import RecordsFusionWeights
 from ..config import from_config, option
 from ..depth import fusion
@@ -225,7 +226,8 @@ def tied_output_projection(features: Tensor, weight: Tensor) -> Tensor:
     return F.linear(features, weight)
 
 
-class CausalLM(RecordsFusionWeights, weight_logging.LogsLayerWeights, FairseqLanguageModel):
+class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.LogsLayerWeights,
+               FairseqLanguageModel):
     """A FairseqLanguageModel whose decoder is a :class:`CausalLMDecoder`. Subclasses name their
     ``decoder_class``, options (``config_class``, registered with the model), ``model_name``
     and ``reference_sizes`` (the sizes of ``--arch model_name``)."""

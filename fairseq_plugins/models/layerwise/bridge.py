@@ -46,6 +46,7 @@ class BridgeConfig(FairseqDataclass):
 
 
 CONFIG = BridgeConfig  # what options.py composes into the model's dataclass
+CHECKPOINT_NAMES = {"bridge": "--bridge"}  # what a mismatched checkpoint is named by
 
 
 def enabled(args) -> bool:

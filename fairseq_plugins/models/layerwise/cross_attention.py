@@ -39,6 +39,10 @@ class CrossAttentionConfig(FairseqDataclass):
 
 
 CONFIG = CrossAttentionConfig  # what options.py composes into the model's dataclass
+# what a mismatched checkpoint is named by: the swapped-role variants' projections
+CHECKPOINT_NAMES = {name: "--cross-attention" for name in ("source_query_proj",
+                                                            "target_key_proj",
+                                                            "target_value_proj")}
 
 
 def new_attention(args) -> bool:

@@ -9,6 +9,7 @@ import os
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from ... import config, depth, weight_logging
+from ...checkpoint_names import NamesCheckpointMismatch
 from ...depth.lrf import RecordsFusionWeights
 from ...modules.causal_cross_attention import CausalCrossAttention
 from ...registry import register_model
@@ -46,8 +47,8 @@ def complete(args):
 
 
 @register_model(MODEL_NAME, dataclass=options.LayerwiseTransformerConfig)
-class LayerwiseTransformerModel(RecordsFusionWeights, weight_logging.LogsLayerWeights,
-                                TransformerModel):
+class LayerwiseTransformerModel(NamesCheckpointMismatch, RecordsFusionWeights,
+                                weight_logging.LogsLayerWeights, TransformerModel):
     """fairseq's Transformer plus switchable layer-relationship features (see module doc)."""
 
     @classmethod
