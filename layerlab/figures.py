@@ -140,6 +140,13 @@ def layer_profiles(rows, out, title=None, offsets=None):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _save(fig, out, title)
+
+
+def _save(fig, out, title=None):
+    """Title, layout, ``out`` written (its folder made), the figure closed -> True."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -173,10 +180,4 @@ def curve_differences(panels, out, title=None, ylabel="Δ validation bits vs the
         ax.set(xlabel="updates", ylabel=ylabel, title=label)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, out, title)
