@@ -257,6 +257,20 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     assert "trained 8 updates, not fewer than --updates 8" in capsys.readouterr().err
 
 
+def test_the_baseline_at_each_depth_says_from_when_a_deeper_one_leads():
+    def curve(*bits):
+        return {"updates": [800, 1600, 2400], "valid_bits": list(bits)}
+    entry, lines = comparison.baseline_across_depths({
+        4: [curve(6.0, 5.8, 5.7)], 8: [curve(6.1, 5.75, 5.69), curve(6.1, 5.85, 5.65)],
+        12: [curve(6.2, 5.79, 5.71)]})
+    assert entry["valid_bits"]["8"] == [6.1, 5.8, 5.67]  # the seeds' mean
+    # 8 blocks: level at 1,600 (not below), below at 2,400; 12 blocks below at 1,600 only
+    assert entry["below_shallowest_from"] == {"8": 2400, "12": None}
+    assert "| 8 | 2 | 6.1000 | 5.8000 | 5.6700 | 2400 |" in lines
+    assert "| 12 | 1 | 6.2000 | 5.7900 | 5.7100 | — |" in lines
+    assert "| 4 | 1 | 6.0000 | 5.8000 | 5.7000 | — |" in lines
+
+
 def test_how_a_difference_moves_between_budgets():
     def test(diff, low, high, seeds=3):
         return {"difference": diff, "low": low, "high": high,

@@ -587,7 +587,46 @@ def summarise(args, results, plan, matched_of=None):
     if len(report["depths"]) > 1:
         report["ranking"], ranking_lines = ranking_across_depths(report["depths"])
         lines += ranking_lines
+    base_curves = {depth: [results[(depth, BASELINE, s)]["curve"]
+                           for s in converged(depth, BASELINE)
+                           if results[(depth, BASELINE, s)].get("curve")]
+                   for depth in args.depths}
+    if sum(bool(c) for c in base_curves.values()) > 1:
+        report["baseline_curves"], depth_lines = baseline_across_depths(base_curves)
+        lines += depth_lines
     return report, "\n".join(lines)
+
+
+def baseline_across_depths(curves):
+    """The baseline's validation bits at every recorded update and depth (mean over its seeds),
+    and from which update each deeper baseline stays below the shallowest one's (the depth
+    search of a longer comparison). ``curves``: {depth: [curve of each seed]}. -> (JSON entry,
+    markdown lines)."""
+    curves = {d: c for d, c in sorted(curves.items()) if c}
+    updates = next(iter(curves.values()))[0]["updates"]
+    means = {d: [float(np.mean([c["valid_bits"][i] for c in cs])) for i in range(len(updates))]
+             for d, cs in curves.items() if all(c["updates"] == updates for c in cs)}
+    shallow = min(means)
+    below = {}
+    for d, bits in means.items():
+        if d == shallow:
+            continue
+        ahead = [b < s for b, s in zip(bits, means[shallow])]
+        # the first update from which the deeper baseline stays below the shallow one
+        below[d] = next((updates[i] for i in range(len(updates)) if all(ahead[i:])), None)
+    lines = ["### The baseline at each depth", "",
+             "Validation bits (the full set; mean over the baseline's seeds) at every recorded "
+             f"update; the last column: from which update the baseline stays below the "
+             f"{shallow}-block one (—: not by the end).", "",
+             "| blocks | seeds | " + " | ".join(map(str, updates)) + " | below from |",
+             "|---:|---:|" + "---:|" * (len(updates) + 1)]
+    for d, bits in means.items():
+        lines.append(f"| {d} | {len(curves[d])} | " + " | ".join(f"{b:.4f}" for b in bits)
+                     + f" | {'—' if d == shallow or below[d] is None else below[d]} |")
+    entry = {"updates": updates, "valid_bits": {str(d): [round(b, 5) for b in bits]
+                                                for d, bits in means.items()},
+             "below_shallowest_from": {str(d): u for d, u in below.items()}}
+    return entry, lines + [""]
 
 
 def curve_lines(depth, curves, base_curves):
