@@ -12,6 +12,7 @@ from typing import Dict, Iterable, List
 
 from .depth import attn_res, frac_connections, fusion, hyper_connections, mhc, mudd
 from .depth import value_residual
+from .errors import OptionError, refusals
 from .models.layerwise import bridge, cross_attention
 
 # every idea whose weights a checkpoint can carry (a new one: one entry here)
@@ -83,17 +84,19 @@ def explain(missing: List[str], unexpected: List[str]) -> str:
 
 class NamesCheckpointMismatch:
     """Mixed into a fairseq model: its strict ``load_state_dict`` failing on keys that one side
-    lacks raises a ValueError from :func:`explain` instead (fairseq's upgrade of the state dict
+    lacks raises an OptionError (a ValueError) from :func:`explain` instead (fairseq's upgrade of the state dict
     runs first, in place: what it fills in, e.g. a depth connection's initialisation for a plain
     checkpoint, is not a mismatch)."""
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:
-            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
-                                           args=args)
+            with refusals():  # an idea's own refusal while upgrading (another variant, size)
+                return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
+                                               args=args)
         except RuntimeError as error:
             ours, theirs = set(self.state_dict()), set(state_dict)
             missing, unexpected = sorted(ours - theirs), sorted(theirs - ours)
             if not strict or not (missing or unexpected):
                 raise
-            raise ValueError(explain(missing, unexpected)) from error
+            with refusals():
+                raise OptionError(explain(missing, unexpected)) from error

@@ -43,10 +43,12 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Valid
 from fairseq.dataclass import FairseqDataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
+from .errors import OptionError
+
 ARCH_DEFAULT = "arch_default"
 
 
-class ConfigError(ValueError):
+class ConfigError(OptionError):
     """A model option that is unknown, of the wrong type or out of range (one line)."""
 
 

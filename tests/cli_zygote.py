@@ -32,7 +32,6 @@ def run_child(request):
     """In the forked child: become the command, run it, never return."""
     import atexit
     import threading
-    import traceback
     from importlib.metadata import entry_points
 
     code = 1
@@ -72,8 +71,10 @@ def run_child(request):
         elif not isinstance(code, int):  # sys.exit("message"): printed, status 1
             print(code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: B902  (an uncaught exception: traceback, status 1)
-        traceback.print_exc()
+    except BaseException:  # noqa: B902  (an uncaught exception: status 1)
+        # as the interpreter: sys.excepthook shows it (a traceback; this package's hook shows its
+        # option refusals as one line and exits with status 2 itself)
+        sys.excepthook(*sys.exc_info())
         code = 1
     try:
         threading._shutdown()  # what the interpreter does before atexit

@@ -212,9 +212,43 @@ def test_fairseq_train_names_the_option_of_a_mismatched_checkpoint(lm_bin, tmp_p
                    "32", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3",
                    "--batch-size", "8", "--max-update", "2", "--save-dir", tmp_path / "plain",
                    "--num-workers", "0", "--finetune-from-model", fused, check=False)
-    assert proc.returncode != 0
-    assert ("the checkpoint was trained with --encoder-fusion / --decoder-fusion and this model "
-            "was built without it") in proc.stderr + proc.stdout
+    # one line as argparse's (fairseq-train's own wrapping exception names it as its cause)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "fairseq-train: error: the checkpoint does not fit this model: the checkpoint was "
+        "trained with --encoder-fusion / --decoder-fusion and this model was built without it")
+
+
+def test_a_bad_option_ends_in_one_line_on_every_argparse_entry_point(lm_bin, tmp_path,
+                                                                     monkeypatch):
+    """fairseq-train, fairseq-eval-lm and fairseq-generate (a model override): a refusal of
+    the package's options is `<program>: error: <message>`, status 2, no traceback; with
+    FAIRSEQ_PLUGINS_TRACEBACK=1 the trace is shown; an error that is not a refusal keeps its
+    traceback."""
+    train = ["fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+             "--arch", "gpt_baseline_lm_tiny", "--tokens-per-sample", "32", "--optimizer",
+             "adam", "--lr", "1e-3", "--batch-size", "4", "--max-update", "1", "--save-dir",
+             tmp_path / "bad", "--num-workers", "0", "--hyper-connections", "dynamic",
+             "--hc-expansion-rate", "0"]
+    proc = run_cli(*train, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "fairseq-train: error: --hc-expansion-rate must be >= 1, got 0")
+    ckpt = train_lm(lm_bin, tmp_path / "hc", "gpt_baseline_lm_tiny", "--hyper-connections",
+                    "static", updates=2)
+    override = ["--model-overrides", "{'hc_expansion_rate': 0}"]
+    for name, extra in (("fairseq-eval-lm", ["--tokens-per-sample", "32"]),
+                        ("fairseq-generate", ["--task", "language_modeling", "--gen-subset",
+                                              "valid", "--tokens-per-sample", "32"])):
+        proc = run_cli(name, lm_bin, "--user-dir", PLUGIN_DIR, "--path", ckpt, *extra,
+                       "--num-workers", "0", *override, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"{name}: error: --hc-expansion-rate must be >= 1, got 0")
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_TRACEBACK", "1")
+    proc = run_cli(*train, check=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+    assert "ConfigError: --hc-expansion-rate must be >= 1, got 0" in proc.stderr
 
 
 def test_fairseq_train_finetunes_a_plain_checkpoint_with_a_connection(lm_bin, tmp_path):

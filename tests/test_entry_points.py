@@ -339,6 +339,25 @@ def test_fairseq_train_and_fairseq_hydra_train_give_identical_checkpoints(scan_b
         assert model_cfg["encoder_fusion"] is True and model_cfg["encoder_ffn_embed_dim"] == 256
 
 
+def test_a_bad_option_under_fairseq_hydra_train_is_one_line(scan_bin, tmp_path, monkeypatch):
+    """As argparse's refusals: `fairseq-hydra-train: error: <message>`, status 2, no traceback
+    (hydra's own report would print a stack trace and exit 1); FAIRSEQ_PLUGINS_TRACEBACK=1
+    leaves it to hydra."""
+    from conftest import run_cli
+
+    argv = ["fairseq-hydra-train", "--config-dir", f"{PLUGIN_DIR}/hydra_configs", "--config-name",
+            "scan_quickstart", f"task.data={scan_bin / 'bin'}", f"common.user_dir={PLUGIN_DIR}",
+            f"checkpoint.save_dir={tmp_path / 'hydra'}", "dataset.num_workers=0",
+            "+model.fusion_layers='0,9'"]
+    proc = run_cli(*argv, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-hydra-train: error: ") and "--fusion-layers" in last, last
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_TRACEBACK", "1")
+    proc = run_cli(*argv, cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "--fusion-layers" in proc.stderr
+
+
 def test_layer_weights_are_logged_to_tensorboard(scan_bin, tmp_path):
     """--log-layer-weights with --tensorboard-logdir: fuse-attention's mean weights and the FC
     bridge's block norms, read back from the event file. With a learning rate of 0 the bridge

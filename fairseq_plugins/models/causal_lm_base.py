@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 
-from .. import config, depth, weight_logging
+from .. import config, depth, errors, weight_logging
 from ..checkpoint_names import NamesCheckpointMismatch
 from ..depth.lrf import RecordsFusionWeights
 from ..config import from_config, option
@@ -257,9 +257,10 @@ class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.Log
     def build_model(cls, cfg, task):
         """``cfg``: a Namespace, DictConfig or ``config_class`` instance (see
         :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
-        args = config.model_args(cfg, cls.config_class, cls.model_name, cls.base_architecture,
-                                 complete=cls.complete)
-        decoder = cls.decoder_class(args, task.target_dictionary)
+        with errors.refusals():  # a bad option: one line, as argparse's (fairseq_plugins.errors)
+            args = config.model_args(cfg, cls.config_class, cls.model_name,
+                                     cls.base_architecture, complete=cls.complete)
+            decoder = cls.decoder_class(args, task.target_dictionary)
         decoder.init_weights()
         _unregister_missing_parameters(decoder)
         depth.weight_decay.exclude(args, [p for m in decoder.modules()

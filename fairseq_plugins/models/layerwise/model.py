@@ -8,7 +8,7 @@ import os
 
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from ... import config, depth, weight_logging
+from ... import config, depth, errors, weight_logging
 from ...checkpoint_names import NamesCheckpointMismatch
 from ...depth.lrf import RecordsFusionWeights
 from ...modules.causal_cross_attention import CausalCrossAttention
@@ -60,9 +60,10 @@ class LayerwiseTransformerModel(NamesCheckpointMismatch, RecordsFusionWeights,
     def build_model(cls, cfg, task):
         """``cfg``: a Namespace, DictConfig or LayerwiseTransformerConfig (see
         :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
-        args = config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
-                                 layerwise_base_architecture, complete=complete)
-        model = super().build_model(args, task)
+        with errors.refusals():  # a bad option: one line, as argparse's (fairseq_plugins.errors)
+            args = config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
+                                     layerwise_base_architecture, complete=complete)
+            model = super().build_model(args, task)
         depth.weight_decay.exclude(args, [p for m in model.modules() if isinstance(m, depth.Depth)
                                           for p in m.connection_parameters()])
         check_finetune_source(model, args)
