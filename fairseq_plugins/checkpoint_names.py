@@ -41,15 +41,11 @@ def _groups(keys: Iterable[str], names: Dict[str, str]) -> Dict[str, List[str]]:
     """{option (or '' for keys no idea owns): the keys' module paths, layer indices as '*'}.
     A key that names no idea but sits in the module of one that does (Hyper-Connections'
     ``static_beta`` beside its ``static_alpha``) belongs to the same option."""
-    keys = [key.split(".") for key in keys]
-    anchors = {}  # the module holding an owned weight or module -> its option
-    for parts in keys:
-        i = _owner(parts, names)
-        if i is not None:
-            anchors[".".join(parts[:i])] = names[parts[i]]
+    keys = [(parts, _owner(parts, names)) for parts in (key.split(".") for key in keys)]
+    # the module holding an owned weight or module -> its option
+    anchors = {".".join(parts[:i]): names[parts[i]] for parts, i in keys if i is not None}
     out: Dict[str, List[str]] = {}
-    for parts in keys:
-        i = _owner(parts, names)
+    for parts, i in keys:
         module = ".".join(parts[:-1])
         if i is not None:  # an owned parameter is shown as its module, an owned module as such
             flag, path = names[parts[i]], ".".join(parts[:i + 1] if i < len(parts) - 1
@@ -84,9 +80,9 @@ def explain(missing: List[str], unexpected: List[str]) -> str:
 
 class NamesCheckpointMismatch:
     """Mixed into a fairseq model: its strict ``load_state_dict`` failing on keys that one side
-    lacks raises an OptionError (a ValueError) from :func:`explain` instead (fairseq's upgrade of the state dict
-    runs first, in place: what it fills in, e.g. a depth connection's initialisation for a plain
-    checkpoint, is not a mismatch)."""
+    lacks raises an OptionError (a ValueError) from :func:`explain` instead (fairseq's upgrade
+    of the state dict runs first, in place: what it fills in, e.g. a depth connection's
+    initialisation for a plain checkpoint, is not a mismatch)."""
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:

@@ -29,6 +29,11 @@ class OptionError(ValueError):
 HYDRA_PROGRAM = "fairseq-hydra-train"
 
 
+def program() -> str:
+    """The running program's name, as argparse shows it."""
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+
+
 def traceback_asked() -> bool:
     return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 
@@ -42,8 +47,7 @@ def refusals():
         yield
     except ValueError as error:
         refusal = error if isinstance(error, OptionError) else OptionError(str(error))
-        if os.path.basename(sys.argv[0] if sys.argv else "") == HYDRA_PROGRAM and \
-                not traceback_asked():
+        if program() == HYDRA_PROGRAM and not traceback_asked():
             _exit_with(refusal)
         if refusal is error:
             raise
@@ -63,8 +67,7 @@ def refusal_in(error):
 
 def one_line(error) -> str:
     """``<program>: error: <message>``, the message on one line."""
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return f"{program}: error: {' '.join(str(error).split())}"
+    return f"{program()}: error: {' '.join(str(error).split())}"
 
 
 _previous_hook = sys.__excepthook__

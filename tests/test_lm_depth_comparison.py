@@ -291,8 +291,8 @@ def test_the_curve_table_ranks_the_rows_at_every_point():
     curves = {row: {"updates": [800, 1600], "seeds": [1], "delta_mean": d, "delta_low": d,
                     "delta_high": d}
               for row, d in (("a", [-0.01, -0.05]), ("b", [-0.03, -0.01]), ("c", [0.02, -0.03]))}
-    lines = comparison.curve_lines(4, curves, {1: {"updates": [800, 1600],
-                                                   "valid_bits": [6.0, 5.5]}})
+    lines = comparison.curve_lines(4, curves, [{"updates": [800, 1600],
+                                                "valid_bits": [6.0, 5.5]}])
     assert "| a | 1 | -0.0100 (2) | -0.0500 (1) |" in lines
     assert "| c | 1 | +0.0200 (3) | -0.0300 (2) |" in lines
     assert "| baseline (bits) | 1 | 6.0000 | 5.5000 |" in lines

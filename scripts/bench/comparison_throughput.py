@@ -104,7 +104,7 @@ def markdown(report):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data-bin/wikitext-2")
-    p.add_argument("--depths", type=lambda t: [int(x) for x in t.split(",") if x], default=[4, 12])
+    p.add_argument("--depths", type=lambda t: comparison.parse_list(t, int), default=[4, 12])
     p.add_argument("--row", default=comparison.BASELINE, choices=sorted(comparison.ROWS))
     p.add_argument("--updates", type=int, default=200)
     p.add_argument("--out-dir", default=os.path.join("build", "bench-throughput"))

@@ -104,9 +104,8 @@ MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched 
 HEADS, CONTEXT, BATCH = 4, 128, 16
 # glibc's malloc settings for the training processes: with its defaults every tensor above the
 # mmap threshold (the logits, their softmax and gradients) is mapped fresh and unmapped when
-# freed, so each step page-faults it back in (26% of a 4-block run's CPU time, two runs side by
-# side); retained, the same arithmetic runs 1.3x faster (docs/ideas/comparison.md, measured by
-# scripts/bench/comparison_throughput.py)
+# freed, so each step page-faults it back in; retained, the same arithmetic runs faster
+# (measured by scripts/bench/comparison_throughput.py: results/bench_comparison_throughput_cpu.md)
 ALLOCATORS = {"default": {},
               "retain": {"MALLOC_MMAP_THRESHOLD_": "4294967296",
                          "MALLOC_TRIM_THRESHOLD_": "4294967296"}}
@@ -492,6 +491,10 @@ def summarise(args, results, plan, matched_of=None):
                 **{f"delta_{k}": [round(float(x), 5) for x in f(deltas, axis=0)]
                    for k, f in (("mean", np.mean), ("low", np.min), ("high", np.max))}}
 
+    def baseline_curves(depth):  # the baseline's learning curves (its converged seeds')
+        return [results[(depth, BASELINE, s)]["curve"] for s in converged(depth, BASELINE)
+                if results[(depth, BASELINE, s)].get("curve")]
+
     def paired(depth, row):  # the test paired over the seeds both rows converged at
         shared = [s for s in converged(depth, row) if s in converged(depth, BASELINE)]
         return paired_test([seed_blocks(depth, row, s) for s in shared],
@@ -582,15 +585,11 @@ def summarise(args, results, plan, matched_of=None):
         curves = {row: c for row, c in curves.items() if c}
         if curves:
             report.setdefault("curves", {})[str(depth)] = curves
-            lines += curve_lines(depth, curves, {s: results[(depth, BASELINE, s)]["curve"]
-                                                 for s in converged(depth, BASELINE)})
+            lines += curve_lines(depth, curves, baseline_curves(depth))
     if len(report["depths"]) > 1:
         report["ranking"], ranking_lines = ranking_across_depths(report["depths"])
         lines += ranking_lines
-    base_curves = {depth: [results[(depth, BASELINE, s)]["curve"]
-                           for s in converged(depth, BASELINE)
-                           if results[(depth, BASELINE, s)].get("curve")]
-                   for depth in args.depths}
+    base_curves = {depth: baseline_curves(depth) for depth in args.depths}
     if sum(bool(c) for c in base_curves.values()) > 1:
         report["baseline_curves"], depth_lines = baseline_across_depths(base_curves)
         lines += depth_lines
@@ -604,8 +603,8 @@ def baseline_across_depths(curves):
     markdown lines)."""
     curves = {d: c for d, c in sorted(curves.items()) if c}
     updates = next(iter(curves.values()))[0]["updates"]
-    means = {d: [float(np.mean([c["valid_bits"][i] for c in cs])) for i in range(len(updates))]
-             for d, cs in curves.items() if all(c["updates"] == updates for c in cs)}
+    means = {d: mean_curve(cs) for d, cs in curves.items()
+             if all(c["updates"] == updates for c in cs)}
     shallow = min(means)
     below = {}
     for d, bits in means.items():
@@ -629,13 +628,20 @@ def baseline_across_depths(curves):
     return entry, lines + [""]
 
 
+def mean_curve(curves):
+    """The validation bits of several seeds' curves (the same updates), averaged point by
+    point."""
+    return [float(np.mean(bits)) for bits in zip(*(c["valid_bits"] for c in curves))]
+
+
 def curve_lines(depth, curves, base_curves):
-    """The markdown of one depth's learning curves: the baseline's validation bits and every
-    row's mean difference from it at each recorded update, with the row's rank there (1: the
-    lowest validation bits), and the rank correlation of the first and the last point."""
+    """The markdown of one depth's learning curves: the baseline's validation bits (``base_curves``:
+    its seeds' curves) and every row's mean difference from it at each recorded update, with the
+    row's rank there (1: the lowest validation bits), and the rank correlation of the first and
+    the last point."""
     updates = next(iter(curves.values()))["updates"]
     curves = {row: c for row, c in curves.items() if c["updates"] == updates}
-    base = [c for c in base_curves.values() if c and c["updates"] == updates]
+    base = [c for c in base_curves if c["updates"] == updates]
     ranks = np.argsort(np.argsort([c["delta_mean"] for c in curves.values()], axis=0), axis=0) + 1
     lines = [f"Learning curves at {depth} blocks: validation bits (the full set) of the baseline "
              "(mean over its seeds) and each row's difference from the baseline trained with "
@@ -644,8 +650,7 @@ def curve_lines(depth, curves, base_curves):
              "| row | seeds | " + " | ".join(f"{u}" for u in updates) + " |",
              "|---|---|" + "---:|" * len(updates),
              f"| baseline (bits) | {len(base)} | "
-             + " | ".join(f"{np.mean([c['valid_bits'][i] for c in base]):.4f}"
-                          for i in range(len(updates))) + " |"]
+             + " | ".join(f"{b:.4f}" for b in mean_curve(base)) + " |"]
     for k, (row, c) in enumerate(curves.items()):
         lines.append(f"| {row} | {','.join(map(str, c['seeds']))} | " + " | ".join(
             f"{d:+.4f} ({r})" for d, r in zip(c["delta_mean"], ranks[k])) + " |")
@@ -765,7 +770,8 @@ def reproduction_lines(args, results):
             "depth": depth, "row": row, "seed": seed, "updates": budget,
             "codes": [short.get("code"), long.get("code")],
             "threads": [short.get("threads"), long.get("threads")],
-            "valid_bits": [short["valid_bits"], curve["valid_bits"][curve["updates"].index(budget)]],
+            "valid_bits": [short["valid_bits"],
+                           curve["valid_bits"][curve["updates"].index(budget)]],
             "train_losses_equal": bool(losses) and long["train_losses"][:len(losses)] == losses})
     if not checks:
         return None, []
