@@ -3,7 +3,36 @@
 Install torch first, then this package without build isolation (fairseq-fixed compiles
 extensions against the installed torch): see dev.sh, which does exactly that.
 """
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
+
+# fairseq_plugins_hints.py explains two mistakes made before --user-dir imports the package; this
+# file, installed beside the packages, imports it when the interpreter starts
+HINTS_PTH = "fairseq_plugins_hints.pth"
+
+
+class BuildPyWithHints(build_py):
+    """A wheel (pip install .) carries the .pth at its root, beside the packages."""
+
+    def run(self):
+        super().run()
+        self.copy_file(HINTS_PTH, os.path.join(self.build_lib, HINTS_PTH))
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, HINTS_PTH)]
+
+
+class EditableWheelWithHints(editable_wheel):
+    """An editable install (pip install -e ., what dev.sh does) writes only its own finder into
+    the wheel; the namespace step is the one that writes files at the wheel's root."""
+
+    def _install_namespaces(self, installation_dir, pth_prefix):
+        super()._install_namespaces(installation_dir, pth_prefix)
+        self.copy_file(HINTS_PTH, os.path.join(installation_dir, HINTS_PTH))
+
 
 setup(
     name="fairseq-layer-plugins",
@@ -12,7 +41,9 @@ setup(
                 "autoregressive encoder-decoder LMs, swapped-role cross-attention",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*", "layerlab",
                                     "layerlab.*"]),
+    py_modules=["fairseq_plugins_hints"],
     package_data={"fairseq_plugins": ["hydra_configs/*.yaml"]},
+    cmdclass={"build_py": BuildPyWithHints, "editable_wheel": EditableWheelWithHints},
     python_requires=">=3.8",
     install_requires=[
         "torch",

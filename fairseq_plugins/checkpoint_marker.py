@@ -13,7 +13,9 @@ marker as the first entry of the pickled state, the first thing the unpickler me
   without ``--user-dir`` when the package is installed (``pip install -e .``), and fails with
   "No module named 'fairseq_plugins'" when it is not.
 
-The marker carries no data; fairseq ignores the extra top-level key.
+The installed ``fairseq_plugins_hints`` turns the first case into one line naming
+``--user-dir`` (docs/reliability.md). The marker carries no data; fairseq ignores the extra
+top-level key.
 """
 
 KEY = "_fairseq_plugins"

@@ -70,6 +70,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def both_spellings(name: str) -> str:
+    """``--name (model.name under hydra)``: a model option as both entry points spell it."""
+    return f"{flag(name)} (model.{name} under hydra)"
+
+
 def _error(name: str, what: str) -> "ConfigError":
     """``--name what (model.name under hydra)``: the option as both entry points spell it."""
     return ConfigError(f"{flag(name)} {what} (model.{name} under hydra)")

@@ -63,9 +63,16 @@ def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ck
     args = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), scan_bin / "bin",
             "--path", fusion_ckpt, "--gen-subset", "valid", "--beam", "2", "--batch-size", "64",
             "--required-batch-size-multiple", "1", "--num-workers", "0"]
-    # torch's default safe loading, no --user-dir: the error names the package, not Namespace
+    # torch's default safe loading, no --user-dir: one line saying what to pass (the installed
+    # fairseq_plugins_hints.pth), the marker's name in the trace when asked for
     proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, env=cli_env())
-    assert proc.returncode != 0
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fairseq-generate: error: this checkpoint was saved with the fairseq_plugins package: "
+        "load it with --user-dir /absolute/path/to/fairseq_plugins")
+    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True,
+                          env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
     assert "fairseq_plugins.checkpoint_marker.PassUserDirFairseqPlugins" in proc.stderr
     # full unpickling imports the (installed) package, which registers the models: it loads
     env = dict(cli_env(), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
@@ -73,6 +80,19 @@ def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ck
                           cwd=scan_bin)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("\nH-") == 200
+
+
+def test_a_user_dir_that_does_not_exist_is_one_line(tmp_path):
+    """fairseq resolves a relative --user-dir against the current folder: from another folder
+    `--user-dir fairseq_plugins` is one line saying to give the absolute path."""
+    cli = os.path.join(os.path.dirname(sys.executable), "fairseq-eval-lm")
+    proc = subprocess.run([cli, str(tmp_path), "--user-dir", "fairseq_plugins", "--path", "x.pt"],
+                          capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (
+        f"fairseq-eval-lm: error: --user-dir: no such folder: {tmp_path / 'fairseq_plugins'}; "
+        f"fairseq looks for a relative --user-dir under the current folder ({tmp_path}): give "
+        "the absolute path of fairseq_plugins")
 
 
 def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):

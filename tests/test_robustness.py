@@ -80,3 +80,22 @@ def test_non_finite_loss_is_caught_by_fairseqs_own_check(scan_bin, lm_bin, tmp_p
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0 and "FloatingPointError" in out, out[-2000:]
         assert not (tmp_path / str(i) / "checkpoint_last.pt").exists()
+
+
+def test_eval_lm_on_a_sequence_to_sequence_checkpoint_is_one_line(tmp_path):
+    """fairseq-eval-lm builds the checkpoint's model for the language_modeling task: a
+    layerwise_transformer checkpoint is refused in one line naming what scores it."""
+    import os
+    import shutil
+
+    from helpers import REPO
+
+    fixture = os.path.join(REPO, "tests", "fixtures", "fusion_transformer")
+    shutil.copy(os.path.join(fixture, "dict.tgt.txt"), tmp_path / "dict.txt")
+    proc = run_cli("fairseq-eval-lm", tmp_path, "--user-dir", PLUGIN_DIR, "--path",
+                   os.path.join(fixture, "checkpoint.pt"), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fairseq-eval-lm: error: fusion_transformer_tiny is a sequence-to-sequence model and "
+        "cannot be built for the language_modeling task (fairseq-eval-lm scores language "
+        "models); score it with fairseq-generate --score-reference")

@@ -10,6 +10,7 @@ the token embedding without bias, init N(0, 0.02) with residual projections at
 """
 import logging
 import math
+from argparse import Namespace
 from dataclasses import dataclass
 from typing import Optional
 
@@ -258,8 +259,7 @@ class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.Log
         """``cfg``: a Namespace, DictConfig or ``config_class`` instance (see
         :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
         with errors.refusals():  # a bad option: one line, as argparse's (fairseq_plugins.errors)
-            args = config.model_args(cfg, cls.config_class, cls.model_name,
-                                     cls.base_architecture, complete=cls.complete)
+            args = cls.resolved_options(cfg)
             decoder = cls.decoder_class(args, task.target_dictionary)
         decoder.init_weights()
         _unregister_missing_parameters(decoder)
@@ -268,11 +268,20 @@ class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.Log
                                           for p in m.connection_parameters()])
         model = cls(decoder)
         if args.log_layer_weights:
-            model.start_logging_layer_weights(args.arch)
+            model.start_logging_layer_weights(
+                args.arch, [f"--{side}-fusion" for side in model.fusion_stacks()]
+                + [method.FLAG for method in depth.METHODS])
         logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
                     "positional table excluded)", args.arch,
                     f"{decoder.reference_parameter_count():,}")
         return model
+
+    @classmethod
+    def resolved_options(cls, cfg) -> Namespace:
+        """Every option of the model ``cfg`` asks for: given, else its preset's, else the
+        model's default (:func:`fairseq_plugins.config.model_args`), checked."""
+        return config.model_args(cfg, cls.config_class, cls.model_name, cls.base_architecture,
+                                 complete=cls.complete)
 
     @classmethod
     def validate(cls, args):

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from fairseq.models.transformer import TransformerEncoderBase
 
+from ... import config
 from ... import depth as depth_connections
 from ...depth.interface import run_blocks
 from ...modules.layerwise_layers import LayerwiseEncoderLayer
@@ -20,7 +21,7 @@ def build_depth(cfg, side: str, stack_options, layouts, embed_dim: int):
         return None
     return depth_connections.build(cfg, side, layouts, embed_dim, fusion=stack_options.fusion,
                                    pre_norm=getattr(cfg, f"{side}_normalize_before"),
-                                   pre_norm_flag=f"--{side}-normalize-before")
+                                   pre_norm_flag=config.both_spellings(f"{side}_normalize_before"))
 
 
 def move_depth_averages(state_dict, name: str):

@@ -5,8 +5,10 @@ parameter names), so checkpoints and results compare directly. Options are check
 :meth:`LayerwiseTransformerModel.build_model`, so a bad combination fails before training
 starts."""
 import os
+from argparse import Namespace
 
 from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.tasks.language_modeling import LanguageModelingTask
 
 from ... import config, depth, errors, weight_logging
 from ...checkpoint_names import NamesCheckpointMismatch
@@ -61,15 +63,29 @@ class LayerwiseTransformerModel(NamesCheckpointMismatch, RecordsFusionWeights,
         """``cfg``: a Namespace, DictConfig or LayerwiseTransformerConfig (see
         :func:`fairseq_plugins.config.model_args`); every entry point builds the same model."""
         with errors.refusals():  # a bad option: one line, as argparse's (fairseq_plugins.errors)
-            args = config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
-                                     layerwise_base_architecture, complete=complete)
+            args = cls.resolved_options(cfg)
+            if isinstance(task, LanguageModelingTask):  # e.g. fairseq-eval-lm on its checkpoint
+                raise ValueError(
+                    f"{args.arch} is a sequence-to-sequence model and cannot be built for the "
+                    "language_modeling task (fairseq-eval-lm scores language models); score it "
+                    "with fairseq-generate --score-reference")
             model = super().build_model(args, task)
         depth.weight_decay.exclude(args, [p for m in model.modules() if isinstance(m, depth.Depth)
                                           for p in m.connection_parameters()])
         check_finetune_source(model, args)
         if args.log_layer_weights:
-            model.start_logging_layer_weights(args.arch)
+            model.start_logging_layer_weights(
+                args.arch, ["--encoder-fusion", "--decoder-fusion"]
+                + [f"--bridge {kind}" for kind in bridge.KINDS if kind != "none"]
+                + options.depth_flags())
         return model
+
+    @classmethod
+    def resolved_options(cls, cfg) -> Namespace:
+        """Every option of the model ``cfg`` asks for: given, else its preset's, else the
+        model's default (:func:`fairseq_plugins.config.model_args`), checked."""
+        return config.model_args(cfg, options.LayerwiseTransformerConfig, MODEL_NAME,
+                                 layerwise_base_architecture, complete=complete)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
