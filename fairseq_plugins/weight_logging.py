@@ -11,7 +11,7 @@ nothing is computed. The values are those of the process that logs (rank 0 in di
 training): parameters are the same on every rank, fuse-attention means are rank 0's batches.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from torch import Tensor, nn
 
@@ -54,15 +54,14 @@ class LogsLayerWeights:
 
     log_layer_weights = False
 
-    def start_logging_layer_weights(self, arch: str):
+    def start_logging_layer_weights(self, arch: str, offers: Sequence[str]):
         """Switch logging on for this model (built as ``arch``): the sources that keep something
         from the forward pass (fuse-attention's weights) start keeping it. A model without any
-        source is an error: the option would log nothing."""
+        source is an error naming ``offers``, the options of this model that would add one."""
         found = sources(self)
         if not found:
-            raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log "
-                             "(switch a method on, e.g. --encoder-fusion, --fusion-kind dwa, "
-                             "--bridge fc)")
+            raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log; "
+                             f"switch on a method that has them: {', '.join(offers)}")
         for module in found.values():
             if hasattr(module, "log_weights"):
                 module.log_weights = True

@@ -41,7 +41,7 @@ RUNS = {
                     ("common.user_dir=$PWD/fairseq_plugins",
                      "common.user_dir=$PWD/fairseq_plugins optimization.max_update=20 "
                      "dataset.validate_interval_updates=20 checkpoint.save_interval_updates=20 "
-                     "dataset.num_workers=0"),
+                     "dataset.num_workers=0 +model.fusion_kind=dwa"),
                     ("--gen-subset test", "--gen-subset valid --max-len-b 10")],
                    ["checkpoints/checkpoint_best.pt", "gen.txt"]),
     "hydra_lm": ([("--dataset wikitext-2 --vocab-size 8000",

@@ -390,12 +390,99 @@ def test_layer_weights_are_logged_to_tensorboard(scan_bin, tmp_path):
 
 # -- --log-layer-weights in-process ---------------------------------------------------------------
 def test_log_layer_weights_on_a_model_without_layer_weights_is_a_build_time_error():
+    """The error names the options of that model that would give it weights to log, and each
+    of them, switched on, does."""
+    import re
+
     from helpers import build_language_model, build_translation_model
 
-    with pytest.raises(ValueError, match="--log-layer-weights: layerwise_transformer_tiny has no"):
-        build_translation_model("layerwise_transformer_tiny", ["--log-layer-weights"])
-    with pytest.raises(ValueError, match="--log-layer-weights: gpt_baseline_lm_tiny has no"):
-        build_language_model("gpt_baseline_lm_tiny", ["--log-layer-weights"])
+    values = {"--hyper-connections": ["static"], "--mhc": ["sinkhorn"],
+              "--frac-connections": ["static"], "--attn-res": ["full"],
+              "--value-residual": ["learnable"]}
+    pre_norm = ["--encoder-normalize-before", "--decoder-normalize-before"]
+    for build, arch, extra, expect, refused in (
+            (build_translation_model, "layerwise_transformer_tiny", pre_norm,
+             ["--encoder-fusion", "--bridge fc", "--bridge transparent", "--mhc"],
+             ["--value-residual"]),
+            (build_language_model, "gpt_baseline_lm_tiny", [],
+             ["--decoder-fusion", "--mhc", "--value-residual"], ["--encoder-fusion", "--bridge"]),
+            (build_language_model, "ar_encdec_lm_tiny", [],
+             ["--encoder-fusion", "--decoder-fusion", "--mudd"], ["--bridge"])):
+        with pytest.raises(ValueError, match=f"--log-layer-weights: {arch} has no") as error:
+            build(arch, ["--log-layer-weights"])
+        offers = re.search(r"switch on a method that has them: (.*)$", str(error.value)).group(1)
+        offers = offers.split(", ")
+        assert set(expect) <= set(offers) and not set(refused) & set(offers), offers
+        for offer in offers:
+            flag, *value = offer.split()
+            model, _, _ = build(arch, [*extra, flag, *(value or values.get(flag, [])),
+                                       "--log-layer-weights"])
+            assert model.layer_weight_sources, offer
+
+
+@pytest.mark.parametrize("method", [["--hyper-connections", "dynamic"], ["--mhc", "sinkhorn"],
+                                    ["--frac-connections", "static"]])
+def test_multi_stream_methods_log_every_sub_layer(method):
+    from helpers import build_language_model
+
+    model, _, _ = build_language_model("gpt_baseline_lm_tiny", [*method, "--log-layer-weights"])
+    (path, connection), = model.layer_weight_sources.items()
+    sub_layers = len(connection.sites)
+    assert sub_layers == 2 * 4  # 4 blocks of attention and FFN
+    keys = connection.logged_weights()
+    assert {f"k{k}_keep" for k in range(sub_layers)} <= set(keys), sorted(keys)
+
+
+def test_mudd_logs_every_blocks_aggregate():
+    """Every DA's static weights per way and state; at initialisation each way reads the
+    newest state only (weight 1 on it, 0 on the others)."""
+    from helpers import build_language_model
+
+    model, _, _ = build_language_model("gpt_baseline_lm_tiny", ["--mudd", "--log-layer-weights"])
+    weights = model.decoder.depth.connection.logged_weights()
+    expected = {}
+    for i in range(4):  # 4 blocks: states x_0 .. x_{i+1}; the last block mixes the residual only
+        for way in ("r" if i == 3 else "qkvr"):
+            expected.update({f"b{i}_{way}_s{j}": float(j == i + 1) for j in range(i + 2)})
+    assert {k: float(v) for k, v in weights.items()} == expected
+
+
+def test_list_options_prints_each_option_with_the_value_the_arch_gives_it():
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    run = [sys.executable, "-m", "fairseq_plugins.list_options"]
+    proc = subprocess.run(run + ["gpt_baseline_lm_mhc_tiny"], capture_output=True, text=True,
+                          env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps the help
+    assert "options of gpt_baseline_lm_mhc_tiny (fairseq-hydra-train: model.<name>)" in text
+    for option, value in (("--mhc {none,sinkhorn,lite}", "sinkhorn"), ("--layers", "4"),
+                          ("--embed-dim D", "32"), ("--attention-heads H", "4"),
+                          ("--hyper-connections {none,static,dynamic}", "none")):
+        entry = text[text.index(option + " "):]
+        entry = entry[:entry.index("]") + 1]
+        assert entry.endswith(f"[gpt_baseline_lm_mhc_tiny: {value}]"), entry
+    proc = subprocess.run(run + ["transformer"], capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        "python -m fairseq_plugins.list_options: error: 'transformer' is not an architecture "
+        "of this package; its architectures: ar_encdec_lm, ")
+
+
+def test_an_option_the_hydra_config_does_not_set_takes_a_plus():
+    """docs/hydra.md: `+model.fusion_kind=dwa` on the shipped SCAN config; without the `+`
+    hydra refuses the key (the docs' fairseq-hydra-train run uses the `+` form)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    # version_base 1.1: what fairseq assumes (the setting outlives the context)
+    with initialize_config_dir(config_dir=f"{PLUGIN_DIR}/hydra_configs", version_base="1.1"):
+        assert compose("scan_quickstart", ["+model.fusion_kind=dwa"]).model.fusion_kind == "dwa"
+        with pytest.raises(ConfigCompositionException,
+                           match="Could not override 'model.fusion_kind'"):
+            compose("scan_quickstart", ["model.fusion_kind=dwa"])
 
 
 def test_each_method_logs_its_own_weights_in_training_only():

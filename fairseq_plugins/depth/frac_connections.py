@@ -99,11 +99,11 @@ class FracConnections(HyperConnections):
         return torch.eye(self.streams)
 
     def logged_weights(self) -> Dict[str, Tensor]:
-        """The static weights of the first and last sub-layer: how much each fraction reads
-        itself (A_m's mean diagonal) and keeps itself (A_r's), and B per fraction."""
+        """The static weights of every sub-layer k: how much each fraction reads itself (A_m's
+        mean diagonal) and keeps itself (A_r's), and B per fraction."""
         out = {}
         m = self.streams
-        for k in sorted({0, len(self.sites) - 1}):
+        for k in range(len(self.sites)):
             alpha = self.static_alpha[k].detach().float()
             beta = self.static_beta[k].detach().float()
             out[f"k{k}_read_self"] = torch.diagonal(alpha[:, :m]).mean()

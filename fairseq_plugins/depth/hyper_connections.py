@@ -442,11 +442,11 @@ class HyperConnections(MultiStream):
         return alpha.to(stream.dtype), beta.to(stream.dtype)
 
     def logged_weights(self) -> Dict[str, Tensor]:
-        """The static weights of the first and last sub-layer: A_m (read), B (write) per stream
+        """The static weights of every sub-layer k: A_m (read), B (write) per stream
         and the trace of A_r over n (how much each stream keeps itself)."""
         out = {}
         n = self.streams
-        for k in sorted({0, len(self.sites) - 1}):
+        for k in range(len(self.sites)):
             alpha, beta = self.static_alpha[k].detach().float(), self.static_beta[k].detach().float()
             for r in range(n):
                 out[f"k{k}_read{r}"] = alpha[r, 0]

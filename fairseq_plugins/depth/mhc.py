@@ -401,13 +401,13 @@ class ManifoldHyperConnections(MultiStream):
                             self.full_streams(state)).squeeze(-2)
 
     def logged_weights(self) -> Dict[str, Tensor]:
-        """The static part (the biases through their maps) of the first and last sub-layer:
+        """The static part (the biases through their maps) of every sub-layer k:
         H_pre and H_post per stream, and the mean diagonal of H_res (how much each stream
         keeps itself)."""
         out = {}
         n = self.streams
         with torch.no_grad():
-            for k in sorted({0, len(self.sites) - 1}):
+            for k in range(len(self.sites)):
                 h_pre = torch.sigmoid(self.bias_pre[k].float())
                 h_post = 2 * torch.sigmoid(self.bias_post[k].float())
                 h_res = self._mixing(self.bias_res[k].float())

@@ -163,9 +163,16 @@ class Mudd(Connection):
         return [da.static for da in self.aggregates]
 
     def logged_weights(self) -> Dict[str, Tensor]:
-        """The static weights of the last DA (the residual into the final norm), per state."""
-        static = self.aggregates[-1].static.detach().float()[0]
-        return {f"s{j}": w for j, w in enumerate(static)}
+        """The static weights of every block's DA, per way and state: ``b<i>_<way>_s<j>`` (ways
+        q, k, v, r in the order the DA returns them; only r where the DA mixes the residual
+        alone: the last block's, every block's under --mudd-ways r)."""
+        out = {}
+        for i, da in enumerate(self.aggregates):
+            static = da.static.detach().float()
+            ways = "qkvr" if static.size(0) == 4 else "r"
+            for way, row in zip(ways, static):
+                out.update({f"b{i}_{way}_s{j}": w for j, w in enumerate(row)})
+        return out
 
     def macs(self, embed_dim: int) -> int:
         """Per token: every DA's two maps and its weighted sums (ways x states x C)."""

@@ -100,6 +100,13 @@ def validate(args):
                          "stream only), or a language model (gpt_baseline_lm, ar_encdec_lm)")
 
 
+def depth_flags():
+    """The flags of the depth connections this family builds, as it accepts them (refused
+    above: value residual, MUDD's query / key / value ways)."""
+    return [f"{mudd.FLAG} --mudd-ways r" if method is mudd else method.FLAG
+            for method in depth.METHODS if method is not value_residual]
+
+
 def resolve_stack(cfg, side: str) -> StackOptions:
     """The options of the ``side`` ('encoder' or 'decoder') stack, validated."""
     num_layers = getattr(cfg, f"{side}_layers")
