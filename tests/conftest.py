@@ -22,6 +22,13 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     import torch
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# tests/kernels/ runs where its Triton kernels can: on a GPU, or in test_kernels.py's child
+# process under Triton's interpreter (TRITON_INTERPRET=1)
+if os.environ.get("TRITON_INTERPRET") != "1":
+    import torch
+    if not torch.cuda.is_available():
+        collect_ignore = ["kernels"]
+
 
 def cli_env():
     env = dict(os.environ)

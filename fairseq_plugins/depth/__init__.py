@@ -12,7 +12,8 @@ flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Con
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
 - :mod:`.value_residual`: value residual (Zhou et al. 2024).
 
-:mod:`.recompute` (``--stream-recompute``) trades time for memory in the multi-stream methods.
+:mod:`.recompute` (``--stream-recompute``) trades time for memory in the multi-stream methods;
+:mod:`.fused` (``--no-fused-kernels``) chooses where Triton kernels replace eager code.
 
 LRF and DWA share their flags in :mod:`.fusion` (``--encoder-fusion``,
 ``--fusion-kind``, ...), which every model family reads. :func:`build` turns a model's options
@@ -20,7 +21,7 @@ into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:
 """
 from typing import List, Optional
 
-from . import (attn_res, frac_connections, hyper_connections, mhc, mudd, recompute,
+from . import (attn_res, frac_connections, fused, hyper_connections, mhc, mudd, recompute,
                value_residual, weight_decay)
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
@@ -28,7 +29,8 @@ from .interface import Connection, Depth, Layout
 METHODS = (hyper_connections, mhc, frac_connections, attn_res, mudd, value_residual)
 # the methods that own a stack's stream (a Connection each; value residual composes with any)
 STREAMS = (hyper_connections, mhc, frac_connections, attn_res, mudd)
-CONFIGS = tuple(method.CONFIG for method in METHODS) + (recompute.CONFIG, weight_decay.CONFIG)
+CONFIGS = (tuple(method.CONFIG for method in METHODS)
+           + (recompute.CONFIG, fused.CONFIG, weight_decay.CONFIG))
 # the methods whose streams --stream-recompute rebuilds (multi-stream connections)
 RECOMPUTED = (hyper_connections, mhc, frac_connections)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
@@ -80,6 +82,9 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
             raise ValueError(f"--stream-recompute needs {recomputed_flags()} on the "
                              f"{side}, which has {flag or 'the plain residual'}")
         connection.recompute = True
+    if isinstance(connection, hyper_connections.MultiStream):
+        connection.fused = fused.enabled(args) and fused.streams_supported(
+            connection.streams, connection.reads + connection.streams, f"{side} {flag}")
     if connection.needs_pre_norm and not pre_norm:
         raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
                          f"post-norm: add {pre_norm_flag}")

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from . import fused
 from .interface import Connection, Inputs, Layout, StackState
 from .recompute import Recompute
 
@@ -201,6 +202,8 @@ class MultiStream(Connection):
     # rebuild the sub-layers' inputs and the streams inside a block in the backward pass instead
     # of keeping them (:meth:`saving`): --stream-recompute, set at build time
     recompute = False
+    # the per-position product in a Triton kernel where one can run (.fused; set at build time)
+    fused = False
 
     def __init__(self, layout: Layout, streams: int, readout: str = "mean", reads: int = 1):
         super().__init__(layout)
@@ -273,6 +276,8 @@ class MultiStream(Connection):
         # CPU, forward + backward: ~2x)
         if stream.size(-2) == 1:  # n equal streams (before the first write): sum_j alpha_jk x
             both = alpha.sum(-2).unsqueeze(-1) * stream
+        elif self.fused and fused.runs_on(stream):  # the same product, one kernel per direction
+            both = fused.stream_products(alpha, stream)
         else:
             if alpha.dim() == 2:
                 alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)

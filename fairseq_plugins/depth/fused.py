@@ -1,0 +1,79 @@
+"""``--no-fused-kernels``: where the depth connections run Triton kernels instead of eager
+PyTorch (docs/ideas/fused-kernels.md).
+
+A fused path replaces one computation of a connection by a kernel with its own backward
+(:mod:`fairseq_plugins.kernels`) and computes the same function: the eager code is its oracle
+in the tests. It is chosen automatically where it can run: a CUDA tensor with Triton
+installed, or any tensor under Triton's interpreter (``TRITON_INTERPRET=1`` in the environment
+before the process starts: the kernels then run on CPU tensors, slowly; that is how the tests
+check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kernels`` (hydra:
+``model.fused_kernels=false``) keeps the eager code everywhere.
+
+What is fused so far: the multi-stream connections' per-position product of the weights and
+the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), for up
+to ``MAX_STREAMS`` streams; beyond that the eager path runs, said once in the log at build.
+"""
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import Tensor
+
+from fairseq.dataclass import FairseqDataclass
+
+from ..config import option
+
+logger = logging.getLogger(__name__)
+
+MAX_STREAMS = 8  # kernels.stream_products.MAX_STREAMS (kept here: importing it imports Triton)
+
+
+@dataclass
+class FusedKernelsConfig(FairseqDataclass):
+    """Flag ``--fused-kernels`` / ``--no-fused-kernels``; hydra ``model.fused_kernels``."""
+    fused_kernels: Optional[bool] = option(
+        True, "run the depth connections' fused Triton kernels where they can run (CUDA with "
+              "Triton installed; the CPU keeps the eager code); --no-fused-kernels: the eager "
+              "code everywhere (the same function)")
+
+
+CONFIG = FusedKernelsConfig
+
+
+def enabled(args) -> bool:
+    """Whether the options allow the fused paths (the default)."""
+    return getattr(args, "fused_kernels", None) is not False
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is on (it runs kernels on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def runs_on(tensor: Tensor) -> bool:
+    """Whether a fused kernel can run on ``tensor``'s device in this process."""
+    return (tensor.is_cuda or interpreting()) and triton_installed()
+
+
+def streams_supported(streams: int, columns: int, where: str) -> bool:
+    """Whether the stream-product kernel handles ``streams`` streams and ``columns`` weight
+    columns; if not, one log line saying that ``where`` runs the eager path."""
+    if max(streams, columns) <= 2 * MAX_STREAMS and streams <= MAX_STREAMS:
+        return True
+    logger.info("%s: %d streams are more than the fused kernel's %d; the eager path runs",
+                where, streams, MAX_STREAMS)
+    return False
+
+
+def stream_products(alpha: Tensor, stream: Tensor) -> Tensor:
+    """The fused ``einsum("...nk,...nc->...kc", alpha, stream)``
+    (:func:`fairseq_plugins.kernels.stream_products.stream_products`)."""
+    from ..kernels.stream_products import stream_products as kernel
+
+    return kernel(alpha, stream)

@@ -1,0 +1,135 @@
+"""The multi-stream product kernel (fairseq_plugins/kernels/stream_products.py) against the
+eager einsum it replaces, and the dispatch (fairseq_plugins/depth/fused.py).
+
+Run by tests/test_kernels.py under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors, tiny
+shapes), or directly on a GPU with the real compiler (scripts/bench/gpu_check.sh)."""
+import os
+
+import pytest
+import torch
+
+from fairseq_plugins.depth import fused
+from fairseq_plugins.kernels import stream_products as kernel
+from helpers import build_language_model, build_translation_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
+                                reason="needs a GPU or TRITON_INTERPRET=1")
+
+
+def _einsum(alpha, stream):
+    if alpha.dim() == 2:
+        alpha = alpha.expand(*stream.shape[:-2], *alpha.shape)
+    return torch.einsum("...nk,...nc->...kc", alpha, stream)
+
+
+# (streams n, weight columns K, width w): HC / mHC (K = n + 1), Frac-Connections (K = 2n),
+# widths below, at and across the kernel's block, the largest n it takes
+SHAPES = [(4, 5, 40), (4, 8, 70), (2, 3, 64), (8, 9, 5), (8, 16, 129), (1, 2, 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("n,k,width", SHAPES)
+def test_forward_and_backward_equal_the_eager_product(n, k, width, static, dtype):
+    generator = torch.Generator().manual_seed(n * 1000 + k * 10 + width)
+    stream = torch.randn(3, 2, n, width, dtype=dtype, generator=generator).to(DEVICE)
+    alpha = torch.randn(*(() if static else (3, 2)), n, k, dtype=dtype,
+                        generator=generator).to(DEVICE)
+    grad = torch.randn(3, 2, k, width, dtype=dtype, generator=generator).to(DEVICE)
+    leaves = [(alpha.clone().requires_grad_(), stream.clone().requires_grad_())
+              for _ in range(2)]
+    out = kernel.stream_products(*leaves[0])
+    ref = _einsum(*leaves[1])
+    out.backward(grad)
+    ref.backward(grad)
+    # float64: equal up to the order of n products; float32: accumulated in float32 both ways
+    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, **tol)
+    torch.testing.assert_close(leaves[0][0].grad, leaves[1][0].grad, **tol)
+    torch.testing.assert_close(leaves[0][1].grad, leaves[1][1].grad, **tol)
+    assert out.dtype == dtype and leaves[0][0].grad.shape == alpha.shape
+
+
+def test_the_hand_written_backward_passes_gradcheck():
+    torch.manual_seed(0)
+    alpha = torch.randn(5, 3, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    stream = torch.randn(5, 3, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.autograd.gradcheck(kernel.StreamProducts.apply, (alpha, stream))
+    static = torch.randn(3, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, s: kernel.StreamProducts.apply(a.expand(5, 3, 4), s), (static, stream))
+
+
+def test_half_precision_accumulates_in_float32():
+    torch.manual_seed(0)
+    stream = torch.randn(4, 4, 96, device=DEVICE)
+    alpha = torch.randn(4, 4, 5, device=DEVICE)
+    out = kernel.stream_products(alpha.half(), stream.half())
+    assert out.dtype == torch.float16
+    # the float32 product rounded once to float16
+    torch.testing.assert_close(out, _einsum(alpha.half().float(), stream.half().float()).half(),
+                               rtol=0, atol=0)
+
+
+def _count_kernel_calls(monkeypatch):
+    calls = []
+    original = fused.stream_products
+
+    def counting(alpha, stream):
+        calls.append(tuple(stream.shape))
+        return original(alpha, stream)
+
+    monkeypatch.setattr(fused, "stream_products", counting)
+    return calls
+
+
+@pytest.mark.parametrize("method", [["--hyper-connections", "static"],
+                                    ["--hyper-connections", "dynamic"], ["--mhc", "sinkhorn"],
+                                    ["--mhc", "lite"], ["--frac-connections", "dynamic"]])
+def test_a_model_with_the_fused_path_computes_the_eager_models_function(method, monkeypatch):
+    """Same seed with and without --no-fused-kernels: the same parameters, outputs and
+    gradients (float64, where both are exact up to summation order); the kernel ran in every
+    sub-layer, but the first where the stack starts as n equal streams (they take a sum; Frac-
+    Connections start from the fractions)."""
+    calls = _count_kernel_calls(monkeypatch)
+    models = [build_language_model("gpt_baseline_lm_tiny", method + extra, seed=3)[0]
+              .double().to(DEVICE) for extra in ([], ["--no-fused-kernels"])]
+    assert models[0].decoder.depth.connection.fused
+    assert not models[1].decoder.depth.connection.fused
+    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
+    outs = []
+    for model in models:
+        logits = model(tokens)[0]
+        logits.square().sum().backward()
+        outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    sub_layers = 2 * 4
+    assert len(calls) == sub_layers - (method[0] != "--frac-connections")
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
+    for name, grad in outs[0][1].items():
+        torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_the_seq2seq_family_takes_the_fused_path(monkeypatch):
+    calls = _count_kernel_calls(monkeypatch)
+    model, task, _ = build_translation_model("hyper_connections_transformer_tiny")
+    assert model.encoder.depth.connection.fused and model.decoder.depth.connection.fused
+    src = torch.randint(4, 20, (2, 5))
+    model(src, torch.tensor([5, 5]), torch.randint(4, 20, (2, 4)))
+    assert calls
+
+
+def test_more_streams_than_the_kernel_takes_run_the_eager_path_said_once(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="fairseq_plugins.depth.fused"):
+        model = build_language_model("gpt_baseline_lm_tiny", ["--hyper-connections", "static",
+                                                              "--hc-expansion-rate", "9"])[0]
+    assert not model.decoder.depth.connection.fused
+    lines = [r.getMessage() for r in caplog.records if r.name == "fairseq_plugins.depth.fused"]
+    assert lines == ["decoder --hyper-connections: 9 streams are more than the fused kernel's 8;"
+                     " the eager path runs"]
+
+
+def test_the_interpreter_is_what_runs_on_cpu():
+    assert fused.interpreting() == (os.environ.get("TRITON_INTERPRET") == "1")
