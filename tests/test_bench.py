@@ -163,7 +163,15 @@ def test_quick_runs_never_write_over_the_committed_results():
 def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     depth = paths.load_script("bench", "depth.py")
     assert depth.chosen_rows("mudd,ar_encdec") == ["plain", "mudd", "ar_encdec"]
-    assert depth.chosen_rows(None) == list(depth.METHODS)
+    eager = [r for r in depth.METHODS if r.endswith("_eager")]
+    assert eager == ["hc_static_n4_eager", "hc_dynamic_n4_eager", "mhc_n4_eager",
+                     "mhc_lite_n4_eager", "frac_dynamic_m4_eager"]
+    assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_eager")]][1]
+               + ["--no-fused-kernels"] for r in eager)
+    # every row; the eager twins of the fused rows on a GPU only (on a CPU the same code)
+    assert depth.chosen_rows(None, "cuda") == list(depth.METHODS)
+    assert depth.chosen_rows(None) == [r for r in depth.METHODS if r not in eager]
+    assert depth.chosen_rows("mhc_n4_eager") == ["plain", "mhc_n4_eager"]
     with pytest.raises(SystemExit, match="unknown row.s. hc_sideways; known: plain, dwa"):
         depth.chosen_rows("plain,hc_sideways")
 
@@ -283,3 +291,18 @@ def test_system_share_needs_enough_clock_ticks():
     assert bench.system_share(0.375, 0.125, ticks_per_second=100) == 0.25  # 50 ticks
     assert bench.system_share(3.0, 0.0, ticks_per_second=100) == 0.0
     assert bench.system_share(0.0, 2.0, ticks_per_second=100) == 1.0
+
+
+def test_the_gpu_check_names_rows_that_exist():
+    """scripts/bench/gpu_check.sh cannot run here; its rows must stay those of the bench and of
+    the comparison (each fused row with its eager twin)."""
+    import re
+
+    depth = paths.load_script("bench", "depth.py")
+    comparison = paths.load_script("experiments", "lm_depth_comparison.py")
+    script = open(os.path.join(SCRIPTS, "bench", "gpu_check.sh")).read()
+    fused = re.search(r"^FUSED=(\S+)$", script, re.M).group(1).split(",")
+    assert fused and all(r in depth.METHODS and r + "_eager" in depth.METHODS for r in fused)
+    assert set(fused) == {r[:-len("_eager")] for r in depth.METHODS if r.endswith("_eager")}
+    rows = re.search(r"--rows (\S+) --eager", script).group(1).split(",")
+    assert rows and all(r in comparison.ROWS for r in rows)

@@ -470,6 +470,18 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
     assert f"| baseline | {result['valid_bits']:.4f} | diverged | — |" in table
     assert f"| dwa | {result['valid_bits']:.4f} | failed (its error: results.json) | — |" in table
     assert "with --fp16 --fp16-no-flatten-grads;" in table
+    assert "--no-fused-kernels" not in table  # no eager twin: no such section
+    # --eager's twin (--no-fused-kernels): on a CPU the same code, so the same losses
+    eager = fp16_check.train_and_score(args, "mhc_lite", "fp32_eager")
+    logs = {v: open(tmp_path / "mhc_lite" / v / "train.log").read() for v in ("fp32", "fp32_eager")}
+    assert "'fused_kernels': False" in logs["fp32_eager"]
+    assert "'fused_kernels': False" not in logs["fp32"]
+    assert eager["train_losses"] == result["train_losses"] and len(result["train_losses"]) == 3
+    report["rows"]["mhc_lite"]["fp32_eager"] = dict(eager, train_losses=[
+        x + 0.002 * (i == 1) for i, x in enumerate(eager["train_losses"])])
+    table = fp16_check.markdown(report)
+    assert f"| mhc_lite | {result['valid_bits']:.4f} | {eager['valid_bits']:.4f} | +0.0000 | " \
+           "0.0020 | 3 |" in table
 
 
 def test_a_kept_run_of_another_recipe_is_an_error_not_a_result(tmp_path):

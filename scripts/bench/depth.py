@@ -62,6 +62,12 @@ METHODS = {
     "ar_encdec_embedding_loss": ("ar_encdec_lm", ["--criterion", "lm_embedding_loss",
                                                   "--embedding-loss", "mse"]),
 }
+# the fused rows' eager code in the same process (--no-fused-kernels): on a GPU what the Triton
+# kernels gain (fairseq_plugins/depth/fused.py); on a CPU the very code of the row without the
+# suffix, so measured there only when --rows names them
+EAGER = "_eager"
+for _name in ("hc_static_n4", "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "frac_dynamic_m4"):
+    METHODS[_name + EAGER] = (METHODS[_name][0], METHODS[_name][1] + ["--no-fused-kernels"])
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width
 
@@ -125,10 +131,11 @@ def operators_per_step(arch, flags, layers):
     return common.operators_dispatched(step)
 
 
-def chosen_rows(rows):
-    """The rows to measure (``--rows``; the plain model always), in METHODS' order."""
+def chosen_rows(rows, device="cpu"):
+    """The rows to measure (``--rows``; the plain model always), in METHODS' order; by default
+    every row (the ``_eager`` ones on a GPU only)."""
     if not rows:
-        return list(METHODS)
+        return [r for r in METHODS if not r.endswith(EAGER) or device.startswith("cuda")]
     names = [r for r in rows.split(",") if r]
     unknown = [r for r in names if r not in METHODS]
     if unknown:
@@ -152,7 +159,7 @@ def run(args):
         depths = tuple(args.depths)
         cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
         embed_dim = args.embed_dim or EMBED_DIM
-    names = chosen_rows(args.rows)
+    names = chosen_rows(args.rows, args.device)
     # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
     halved = [n for n in names if METHODS[n][0] == "ar_encdec_lm" or n == "attn_res_block"]
     for layers in depths:

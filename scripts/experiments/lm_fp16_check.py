@@ -31,6 +31,9 @@ comparison = paths.load_script("experiments", "lm_depth_comparison.py")
 # recipe's --weight-decay): fairseq_plugins.depth refuses that combination at build time and
 # names this flag (used for every row alike)
 PRECISIONS = {"fp32": [], "fp16": ["--fp16", "--fp16-no-flatten-grads"]}
+# --eager: fp32 once more with the depth connections' eager code (fairseq_plugins/depth/fused.py):
+# the fused kernels' training must equal it within fp32 rounding
+EAGER = {"fp32_eager": ["--no-fused-kernels"]}
 
 
 def train_and_score(args, row, precision):
@@ -43,7 +46,7 @@ def train_and_score(args, row, precision):
     try:
         runs.run_logged(runs.train_command(args.data, run_dir, 1, [
             "--arch", arch, *flags, *comparison.recipe_flags(args.updates),
-            *PRECISIONS[precision]]), log)
+            *dict(PRECISIONS, **EAGER)[precision]]), log)
     except runs.StepError as e:
         # a loss that became NaN / inf (or a loss scale at its floor) is a result of the row;
         # any other failure too, but not a divergence: reported as failed, with its error
@@ -58,7 +61,7 @@ def train_and_score(args, row, precision):
         if name.endswith(".pt"):
             os.remove(os.path.join(run_dir, name))
     return dict(result, diverged=False, seconds=round(time.time() - start, 1),
-                last_train_loss=round(sum(losses[-3:]) / len(losses[-3:]), 4),
+                last_train_loss=round(sum(losses[-3:]) / len(losses[-3:]), 4), train_losses=losses,
                 valid_bits=round(significance.score("bits", blocks), 4),
                 min_loss_scale=min(scales) if scales else None)
 
@@ -78,8 +81,9 @@ def markdown(report):
              "last three logged intervals.", "",
              "| row | fp32 valid bits | fp16 valid bits | Δ (fp16 - fp32) | fp32 train loss | "
              "fp16 train loss | smallest fp16 loss scale |", "|---|---:|---:|---:|---:|---:|---:|"]
+    eager = [(row, r) for row, r in report["rows"].items() if "fp32_eager" in r and "fp32" in r]
     for row, r in report["rows"].items():
-        if len(r) < len(PRECISIONS):  # its twin not finished yet
+        if "fp32" not in r or "fp16" not in r:  # its twin not finished yet
             continue
         a, b = r["fp32"], r["fp16"]
         if a.get("error") or b.get("error"):
@@ -88,6 +92,21 @@ def markdown(report):
         lines.append(f"| {row} | {a['valid_bits']:.4f} | {b['valid_bits']:.4f} | "
                      f"{b['valid_bits'] - a['valid_bits']:+.4f} | {a['last_train_loss']:.3f} | "
                      f"{b['last_train_loss']:.3f} | {b['min_loss_scale']} |")
+    if eager:
+        lines += ["", "fp32 with the fused kernels (the default on a GPU) against fp32 with "
+                  "`--no-fused-kernels` (the eager code), the same data and order: the largest "
+                  "difference of the logged training losses over the run, and the validation "
+                  "bits.", "", "| row | fused valid bits | eager valid bits | Δ | largest "
+                  "training-loss Δ | logged intervals |", "|---|---:|---:|---:|---:|---:|"]
+        for row, r in eager:
+            a, b = r["fp32"], r["fp32_eager"]
+            if a.get("error") or b.get("error"):
+                lines.append(f"| {row} | {outcome(a)} | {outcome(b)} | — | — | — |")
+                continue
+            gap = max(abs(x - y) for x, y in zip(a["train_losses"], b["train_losses"]))
+            lines.append(f"| {row} | {a['valid_bits']:.4f} | {b['valid_bits']:.4f} | "
+                         f"{a['valid_bits'] - b['valid_bits']:+.4f} | {gap:.4f} | "
+                         f"{len(a['train_losses'])} |")
     return "\n".join(lines)
 
 
@@ -100,6 +119,8 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--jobs", type=int, default=8, help="runs at once (they share the GPU)")
+    p.add_argument("--eager", action="store_true",
+                   help="also train fp32 with --no-fused-kernels (the fused kernels' equality)")
     args = p.parse_args(argv)
     import torch
 
@@ -112,7 +133,8 @@ def main(argv=None):
         return 2
     args.device = "cuda"
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    tasks = [(args, row, precision) for row in args.rows for precision in PRECISIONS]
+    variants = list(PRECISIONS) + (list(EAGER) if args.eager else [])
+    tasks = [(args, row, precision) for row in args.rows for precision in variants]
     command = " ".join(["python scripts/experiments/lm_fp16_check.py",
                         *(sys.argv[1:] if argv is None else map(str, argv))])
     report = {"written": f"Written {time.strftime('%Y-%m-%d')} by `{command}` with "
