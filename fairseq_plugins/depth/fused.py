@@ -10,8 +10,9 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 ``model.fused_kernels=false``) keeps the eager code everywhere.
 
 What is fused so far: the multi-stream connections' per-position product of the weights and
-the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), for up
-to ``MAX_STREAMS`` streams; beyond that the eager path runs, said once in the log at build.
+the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections) and mHC's
+Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams; beyond that the eager path runs, said once
+in the log at build.
 """
 import importlib.util
 import logging
@@ -77,3 +78,11 @@ def stream_products(alpha: Tensor, stream: Tensor) -> Tensor:
     from ..kernels.stream_products import stream_products as kernel
 
     return kernel(alpha, stream)
+
+
+def sinkhorn_scaling(m: Tensor, iterations: int) -> Tensor:
+    """The fused Sinkhorn iterations on M = exp(logits) ... x n x n
+    (:func:`fairseq_plugins.kernels.sinkhorn.sinkhorn_scaling`)."""
+    from ..kernels.sinkhorn import sinkhorn_scaling as kernel
+
+    return kernel(m, iterations)

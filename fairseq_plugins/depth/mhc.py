@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from . import fused
 from .hyper_connections import MultiStream, mean_square, statistics_dtype
 from .interface import Layout, StackState
 
@@ -133,7 +134,7 @@ def build(args, layout: Layout, embed_dim: int) -> "ManifoldHyperConnections":
         readout=args.mhc_readout or DEFAULTS["mhc_readout"])
 
 
-def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
+def sinkhorn(logits: Tensor, iterations: int, fused_kernel: bool = False) -> Tensor:
     """Sinkhorn-Knopp (the paper's Eq. 9) on M = exp(logits), ... x n x n: each iteration
     normalises the columns, then the rows. Scale-free, so exp is taken after subtracting the
     maximum.
@@ -145,8 +146,13 @@ def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
     so that each matrix-vector product of an iteration is one elementwise product and one sum
     over a leading dimension, vectorised over the positions (a batched product of thousands of
     4 x 4 matrices is dominated by its per-matrix overhead on CPU: ~3x slower, measured). The
-    gradient is the exact gradient of these t iterations (not the implicit one of the limit)."""
+    gradient is the exact gradient of these t iterations (not the implicit one of the limit).
+
+    ``fused_kernel``: the same iterations and gradient in one Triton kernel each way
+    (:mod:`fairseq_plugins.kernels.sinkhorn`; chosen by :mod:`.fused`)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True).detach())
+    if fused_kernel:
+        return fused.sinkhorn_scaling(m, iterations)
     shape = m.shape
     m = m.reshape(-1, shape[-2], shape[-1]).permute(1, 2, 0).contiguous()
     return _SinkhornScaling.apply(m, iterations).permute(2, 0, 1).reshape(shape)
@@ -380,7 +386,7 @@ class ManifoldHyperConnections(MultiStream):
         if self.lite:
             return torch.einsum("...p,pij->...ij", torch.softmax(logits, dim=-1),
                                 self.permutations.to(logits.dtype))
-        return sinkhorn(logits, self.iterations)
+        return sinkhorn(logits, self.iterations, self.fused and fused.runs_on(logits))
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         h_pre, h_post, h_res = self.coefficients(stream, k)
