@@ -11,7 +11,7 @@ from helpers import (build_language_model, build_translation_model, move_connect
                      random_batch)
 
 from fairseq_plugins.depth import recompute
-from fairseq_plugins.depth.hyper_connections import MultiStream
+from fairseq_plugins.depth.multi_stream import MultiStream
 
 PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 CASES = {

@@ -21,8 +21,8 @@ into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:
 """
 from typing import List, Optional
 
-from . import (attn_res, frac_connections, fused, hyper_connections, mhc, mudd, recompute,
-               value_residual, weight_decay)
+from . import (attn_res, frac_connections, fused, hyper_connections, mhc, mudd, multi_stream,
+               recompute, value_residual, weight_decay)
 from .dwa import DepthWeightedAverages
 from .interface import Connection, Depth, Layout
 
@@ -78,11 +78,11 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
                          f"{side}'s blocks read from the blocks below: choose one")
     flag, connection = chosen[0] if chosen else (None, Connection(layout))
     if recompute.enabled(args):
-        if not isinstance(connection, hyper_connections.MultiStream):
+        if not isinstance(connection, multi_stream.MultiStream):
             raise ValueError(f"--stream-recompute needs {recomputed_flags()} on the "
                              f"{side}, which has {flag or 'the plain residual'}")
         connection.recompute = True
-    if isinstance(connection, hyper_connections.MultiStream):
+    if isinstance(connection, multi_stream.MultiStream):
         connection.fused = fused.enabled(args) and fused.streams_supported(
             connection.streams, connection.reads + connection.streams, f"{side} {flag}")
     if connection.needs_pre_norm and not pre_norm:

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from .hyper_connections import mean_square, statistics_dtype
+from .multi_stream import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
 
 KINDS = ("none", "full", "block")

@@ -27,7 +27,7 @@ method keeps no memory beyond its (m x 2m per position) coefficients.
 m = 1 is a learned scalar gate on the residual and on the output (static: ReZero-like weights
 per sub-layer). ``--frac-rate`` must divide the embedding dimension.
 
-The read/mix/write is :class:`~.hyper_connections.MultiStream`'s with R = m read rows of width
+The read/mix/write is :class:`~.multi_stream.MultiStream`'s with R = m read rows of width
 C/m; the parameters and the dynamic maps are :class:`~.hyper_connections.HyperConnections`'
 (with its LayerNorm folded into the maps, so no normalised copy of the fractions is kept).
 """

@@ -57,7 +57,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from . import fused
-from .hyper_connections import MultiStream, mean_square, statistics_dtype
+from .multi_stream import MultiStream, mean_square, statistics_dtype
 from .interface import Layout, StackState
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The multi-stream connections' per-position product in one Triton kernel each way.
 
 For every position p, with the weights ``alpha[p]`` (n x K: K = R + n columns, the read weights
-A_m and the mixing A_r of :class:`~fairseq_plugins.depth.hyper_connections.MultiStream`) and the
+A_m and the mixing A_r of :class:`~fairseq_plugins.depth.multi_stream.MultiStream`) and the
 streams ``stream[p]`` (n x w):
 
     out[p] = alpha[p]^T stream[p]                          (K x w)
