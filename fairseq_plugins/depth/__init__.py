@@ -82,9 +82,7 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
             raise ValueError(f"--stream-recompute needs {recomputed_flags()} on the "
                              f"{side}, which has {flag or 'the plain residual'}")
         connection.recompute = True
-    if isinstance(connection, multi_stream.MultiStream):
-        connection.fused = fused.enabled(args) and fused.streams_supported(
-            connection.streams, connection.reads + connection.streams, f"{side} {flag}")
+    connection.fused = fused.enabled(args) and connection.accepts_fused(f"{side} {flag}")
     if connection.needs_pre_norm and not pre_norm:
         raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
                          f"post-norm: add {pre_norm_flag}")

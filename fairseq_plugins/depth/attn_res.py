@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from . import fused
 from .multi_stream import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
 
@@ -192,6 +193,10 @@ class AttentionResiduals(Connection):
                              f"{flags(stored)}, this model has {flags(int(self.grouping))}: "
                              "use the checkpoint's")
 
+    def accepts_fused(self, where: str) -> bool:
+        """The depth mix's weighted sum has a kernel for any number of sources."""
+        return True
+
     def start(self, x: Tensor) -> StackState:
         state = StackState(x, [x])
         state.scratch = [self._logits(x)]
@@ -223,6 +228,8 @@ class AttentionResiduals(Connection):
             alpha = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
         if self.log_weights or not self.training:
             self.mean_weights[k] = alpha.detach().flatten(0, -2).mean(0).float()
+        if self.fused and fused.runs_on(sources[0]):  # the same sum, one kernel each way
+            return fused.weighted_sum(alpha, *sources)
         return _WeightedSum.apply(alpha, *sources)
 
     def _sources(self, state: StackState, include_partial: bool, k: int):

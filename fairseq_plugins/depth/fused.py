@@ -11,8 +11,8 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 
 What is fused so far: the multi-stream connections' per-position product of the weights and
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections) and mHC's
-Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams; beyond that the eager path runs, said once
-in the log at build.
+Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once
+in the log at build); Attention Residuals' weighted sum over the sources.
 """
 import importlib.util
 import logging
@@ -86,3 +86,11 @@ def sinkhorn_scaling(m: Tensor, iterations: int) -> Tensor:
     from ..kernels.sinkhorn import sinkhorn_scaling as kernel
 
     return kernel(m, iterations)
+
+
+def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:
+    """The fused ``sum_i alpha[..., i] sources[i]``
+    (:func:`fairseq_plugins.kernels.weighted_sum.weighted_sum`)."""
+    from ..kernels.weighted_sum import weighted_sum as kernel
+
+    return kernel(alpha, *sources)

@@ -105,6 +105,9 @@ class Connection(nn.Module):
     additive = True
     needs_pre_norm = False  # defined only for pre-norm stacks (a build-time check)
     flag: Optional[str] = None  # the option that turns the connection on (messages name it)
+    # whether its fused GPU kernels may run (set at build time from --fused-kernels and
+    # accepts_fused; each call still checks the tensor's device: depth/fused.py)
+    fused = False
 
     def __init__(self, layout: Layout, keep_history: bool = False):
         super().__init__()
@@ -123,6 +126,11 @@ class Connection(nn.Module):
     @property
     def num_blocks(self) -> int:
         return len(self.layout)
+
+    def accepts_fused(self, where: str) -> bool:
+        """Whether this connection has fused kernels for its configuration (``where``: the stack
+        and flag, for the line that says why not)."""
+        return False
 
     def separate_inputs(self, block: int) -> bool:
         """Whether ``block``'s self-attention reads separate query/key/value inputs (then the

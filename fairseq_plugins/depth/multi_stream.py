@@ -57,8 +57,6 @@ class MultiStream(Connection):
     # rebuild the sub-layers' inputs and the streams inside a block in the backward pass instead
     # of keeping them (:meth:`saving`): --stream-recompute, set at build time
     recompute = False
-    # the per-position product in a Triton kernel where one can run (.fused; set at build time)
-    fused = False
 
     def __init__(self, layout: Layout, streams: int, readout: str = "mean", reads: int = 1):
         super().__init__(layout)
@@ -69,6 +67,10 @@ class MultiStream(Connection):
                               for name in block[:-1]}
         self.log_weights = False
         self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
+
+    def accepts_fused(self, where: str) -> bool:
+        """The stream product's kernel takes up to ``fused.MAX_STREAMS`` streams."""
+        return fused.streams_supported(self.streams, self.reads + self.streams, where)
 
     def start(self, x: Tensor) -> StackState:
         # R = 1: T x B x 1 x C (n equal streams); R = n: T x B x n x C/n (the fractions)
