@@ -12,7 +12,7 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 What is fused so far: the multi-stream connections' per-position product of the weights and
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections) and mHC's
 Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once
-in the log at build); Attention Residuals' weighted sum over the sources.
+in the log at build); Attention Residuals' weighted sum over the sources and MUDD's dense mix.
 """
 import importlib.util
 import logging
@@ -94,3 +94,12 @@ def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:
     from ..kernels.weighted_sum import weighted_sum as kernel
 
     return kernel(alpha, *sources)
+
+
+def weighted_sums(alpha: Tensor, *sources: Tensor) -> Tensor:
+    """The fused ``sum_i alpha[..., w, i] sources[i]`` for every w, W x ... x C, in the type
+    promotion of the weights and the sources
+    (:func:`fairseq_plugins.kernels.weighted_sum.weighted_sums`)."""
+    from ..kernels.weighted_sum import weighted_sums as kernel
+
+    return kernel(alpha, *sources, with_weights_dtype=True)

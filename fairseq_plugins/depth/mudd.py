@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from . import fused
 from .interface import SELF, Connection, Inputs, Layout, StackState
 
 WAYS = ("qkvr", "r")
@@ -96,12 +97,16 @@ class DepthAggregate(nn.Module):
         self.static.zero_()
         self.static[:, -1] = 1.0
 
-    def forward(self, newest: Tensor, history: List[Tensor]) -> List[Tensor]:
+    def forward(self, newest: Tensor, history: List[Tensor],
+                fused_kernel: bool = False) -> List[Tensor]:
         """newest: T x B x C (= history[-1]); history: X_0 .. X_{i+1} -> ``ways`` tensors
-        T x B x C."""
+        T x B x C. ``fused_kernel``: the weighted sums in one Triton kernel each way, every
+        state read once for all ways (:mod:`.fused`)."""
         weights = self.w2(F.gelu(self.w1(rms_norm(newest))))  # T x B x (ways * states)
         weights = weights.view(*weights.shape[:-1], self.ways, self.states) + self.static.to(
             weights.dtype)
+        if fused_kernel:
+            return list(fused.weighted_sums(weights, *history).unbind(0))
         outs = []
         for c in range(self.ways):
             w = weights[..., c, :]
@@ -139,6 +144,10 @@ class Mudd(Connection):
         blocks' key / value LayerNorms start as copies of their self-attention's)."""
         self.start_from_plain(state_dict, name)
 
+    def accepts_fused(self, where: str) -> bool:
+        """The dense mix has a kernel for any number of states and ways."""
+        return True
+
     def separate_inputs(self, block: int) -> bool:
         """Whether ``block``'s self-attention reads separate query/key/value inputs."""
         return self.ways == "qkvr" and block > 0
@@ -151,7 +160,8 @@ class Mudd(Connection):
 
     def end_block(self, state: StackState, block: int):
         state.history.append(state.stream)
-        mixed = self.aggregates[block](state.stream, state.history)
+        mixed = self.aggregates[block](state.stream, state.history,
+                                       self.fused and fused.runs_on(state.stream))
         if len(mixed) == 4:
             query, key, value, state.stream = mixed
             state.inputs = Inputs(query, key, value)

@@ -1,5 +1,7 @@
-"""A per-position weighted sum of separate source tensors in one Triton kernel each way: Attention
-Residuals' depth mix (Kimi Team 2026), ``sum_i alpha_i v_i`` with the depth-softmax weights.
+"""Per-position weighted sums of separate source tensors in one Triton kernel each way: Attention
+Residuals' depth mix (Kimi Team 2026), ``sum_i alpha_i v_i`` with the depth-softmax weights,
+and MUDD's dense mix (Xiao et al. 2025), W = 4 such sums (query, key, value, residual) over the
+same states with W rows of weights, each source read once for all W.
 
 The eager code (``fairseq_plugins.depth.attn_res._WeightedSum``) runs one multiply-add per
 source forward and one dot product and one scaled copy per source backward: 3 s operators per
@@ -8,7 +10,7 @@ read for s sources, O(K^2) over a stack of K sub-layers. Here the sources stay s
 addresses, and one program per position runs over the sources and the width in blocks of
 ``BLOCK_C``, accumulating in float32 (float64 for float64). Backward, in one kernel per read:
 
-    grad_alpha[p, i] = grad[p] . v_i[p],     grad_v_i[p] = alpha[p, i] grad[p].
+    grad_alpha[p, w, i] = grad_w[p] . v_i[p],     grad_v_i[p] = sum_w alpha[p, w, i] grad_w[p].
 """
 import torch
 import triton
@@ -19,40 +21,56 @@ BLOCK_C = 128
 
 
 @triton.jit
-def _forward_kernel(alpha_ptr, table_ptr, out_ptr, sources, width,
-                    BLOCK: tl.constexpr, ACC: tl.constexpr):
+def _forward_kernel(alpha_ptr, table_ptr, out_ptr, positions, sources, width,
+                    WAYS: tl.constexpr, WAYS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                    ACC: tl.constexpr):
     p = tl.program_id(0)
     row = p.to(tl.int64) * width
+    plane = positions.to(tl.int64) * width  # one way's output
+    way = tl.arange(0, WAYS_PAD)
+    way_ok = way < WAYS
     element = out_ptr.dtype.element_ty
     for start in range(0, width, BLOCK):
         c = start + tl.arange(0, BLOCK)
         mask = c < width
-        acc = tl.zeros((BLOCK,), dtype=ACC)
+        acc = tl.zeros((WAYS_PAD, BLOCK), dtype=ACC)
         for i in range(0, sources):
-            weight = tl.load(alpha_ptr + p * sources + i).to(ACC)
+            weight = tl.load(alpha_ptr + (p * WAYS + way) * sources + i, mask=way_ok,
+                             other=0.0).to(ACC)
             source = tl.load(table_ptr + i).to(tl.pointer_type(element))
-            acc += weight * tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
-        tl.store(out_ptr + row + c, acc.to(element), mask=mask)
+            value = tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
+            acc += weight[:, None] * value[None, :]
+        tl.store(out_ptr + way[:, None] * plane + row + c[None, :], acc.to(element),
+                 mask=way_ok[:, None] & mask[None, :])
 
 
 @triton.jit
-def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_ptr, sources,
-                     width, BLOCK: tl.constexpr, ACC: tl.constexpr):
+def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_ptr, positions,
+                     sources, width, WAYS: tl.constexpr, WAYS_PAD: tl.constexpr,
+                     BLOCK: tl.constexpr, ACC: tl.constexpr):
     p = tl.program_id(0)
     row = p.to(tl.int64) * width
+    plane = positions.to(tl.int64) * width
+    way = tl.arange(0, WAYS_PAD)
+    way_ok = way < WAYS
     element = grad_ptr.dtype.element_ty
     for i in range(0, sources):
-        weight = tl.load(alpha_ptr + p * sources + i).to(ACC)
+        weight = tl.load(alpha_ptr + (p * WAYS + way) * sources + i, mask=way_ok,
+                         other=0.0).to(ACC)
         source = tl.load(table_ptr + i).to(tl.pointer_type(element))
         grad_source = tl.load(grad_table_ptr + i).to(tl.pointer_type(element))
-        dot = tl.zeros((BLOCK,), dtype=ACC)
+        dot = tl.zeros((WAYS_PAD, BLOCK), dtype=ACC)
         for start in range(0, width, BLOCK):
             c = start + tl.arange(0, BLOCK)
             mask = c < width
-            g = tl.load(grad_ptr + row + c, mask=mask, other=0.0).to(ACC)
-            dot += g * tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
-            tl.store(grad_source + row + c, (weight * g).to(element), mask=mask)
-        tl.store(grad_alpha_ptr + p * sources + i, tl.sum(dot, axis=0))
+            g = tl.load(grad_ptr + way[:, None] * plane + row + c[None, :],
+                        mask=way_ok[:, None] & mask[None, :], other=0.0).to(ACC)
+            value = tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
+            dot += g * value[None, :]
+            tl.store(grad_source + row + c, tl.sum(weight[:, None] * g, axis=0).to(element),
+                     mask=mask)
+        tl.store(grad_alpha_ptr + (p * WAYS + way) * sources + i, tl.sum(dot, axis=1),
+                 mask=way_ok)
 
 
 def _accumulator(dtype: torch.dtype):
@@ -65,20 +83,23 @@ def _table(tensors) -> Tensor:
                         device=tensors[0].device)
 
 
-class WeightedSum(torch.autograd.Function):
-    """(alpha P x s, v_1 .. v_s P x C each, one dtype, contiguous) -> sum_i alpha_i v_i,
-    P x C in the sources' dtype."""
+class WeightedSums(torch.autograd.Function):
+    """(alpha P x W x s, v_1 .. v_s P x C each, one dtype, contiguous) -> W sums
+    ``sum_i alpha[:, w, i] v_i``, W x P x C in the sources' dtype (each source read once for
+    all W)."""
 
     @staticmethod
     def forward(ctx, alpha: Tensor, *sources: Tensor) -> Tensor:
         positions, width = sources[0].shape
+        ways = alpha.size(1)
         alpha = alpha.contiguous()
-        out = torch.empty_like(sources[0])
-        acc = _accumulator(out.dtype)
-        _forward_kernel[(positions,)](alpha, _table(sources), out, len(sources), width,
-                                      BLOCK=BLOCK_C, ACC=acc)
+        out = sources[0].new_empty(ways, positions, width)
+        meta = dict(WAYS=ways, WAYS_PAD=triton.next_power_of_2(ways), BLOCK=BLOCK_C,
+                    ACC=_accumulator(out.dtype))
+        _forward_kernel[(positions,)](alpha, _table(sources), out, positions, len(sources),
+                                      width, **meta)
         ctx.save_for_backward(alpha, *sources)
-        ctx.acc = acc
+        ctx.meta = meta
         return out
 
     @staticmethod
@@ -88,21 +109,28 @@ class WeightedSum(torch.autograd.Function):
         positions, width = sources[0].shape
         grad = grad.contiguous().to(sources[0].dtype)
         grads = [torch.empty_like(v) for v in sources]
-        grad_alpha = torch.empty(positions, len(sources), dtype=torch.promote_types(
-            alpha.dtype, torch.float32), device=alpha.device)
+        grad_alpha = torch.empty(alpha.shape, dtype=torch.promote_types(alpha.dtype,
+                                                                        torch.float32),
+                                 device=alpha.device)
         _backward_kernel[(positions,)](alpha, _table(sources), _table(grads), grad,
-                                       grad_alpha, len(sources), width, BLOCK=BLOCK_C,
-                                       ACC=ctx.acc)
+                                       grad_alpha, positions, len(sources), width, **ctx.meta)
         return (grad_alpha.to(alpha.dtype), *grads)
 
 
-def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:
-    """``sum_i alpha[..., i] sources[i]``: ``alpha`` ... x s, each source ... x C (the same
-    leading dimensions); in the widest of the sources' dtypes, as the eager code."""
-    dtype = sources[0].dtype
-    for v in sources[1:]:
+def weighted_sums(alpha: Tensor, *sources: Tensor, with_weights_dtype: bool = False) -> Tensor:
+    """``sum_i alpha[..., w, i] sources[i]`` for every w: ``alpha`` ... x W x s, each source
+    ... x C (the same leading dimensions) -> W x ... x C, in the widest of the sources' dtypes
+    (AttnRes's eager rule), or of theirs and alpha's (``with_weights_dtype``: the type
+    promotion of MUDD's eager products)."""
+    dtype = alpha.dtype if with_weights_dtype else sources[0].dtype
+    for v in sources:
         dtype = torch.promote_types(dtype, v.dtype)
     lead, width = sources[0].shape[:-1], sources[0].size(-1)
     flat = [v.to(dtype).reshape(-1, width).contiguous() for v in sources]
-    out = WeightedSum.apply(alpha.reshape(-1, alpha.size(-1)), *flat)
-    return out.view(*lead, width)
+    out = WeightedSums.apply(alpha.reshape(-1, *alpha.shape[-2:]), *flat)
+    return out.view(alpha.size(-2), *lead, width)
+
+
+def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:
+    """``sum_i alpha[..., i] sources[i]``: ``alpha`` ... x s -> ... x C (one way)."""
+    return weighted_sums(alpha.unsqueeze(-2), *sources)[0]

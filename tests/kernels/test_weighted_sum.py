@@ -46,10 +46,11 @@ def test_sources_of_different_dtypes_are_summed_in_the_widest():
 
 def test_the_hand_written_backward_passes_gradcheck():
     torch.manual_seed(0)
-    alpha = torch.rand(5, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
-    values = [torch.randn(5, 9, dtype=torch.float64, device=DEVICE, requires_grad=True)
-              for _ in range(3)]
-    assert torch.autograd.gradcheck(kernel.WeightedSum.apply, (alpha, *values))
+    for ways in (1, 3):  # one sum (AttnRes), several (MUDD; 3: a padded ways dimension)
+        alpha = torch.rand(3, ways, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+        values = [torch.randn(3, 5, dtype=torch.float64, device=DEVICE, requires_grad=True)
+                  for _ in range(3)]
+        assert torch.autograd.gradcheck(kernel.WeightedSums.apply, (alpha, *values))
 
 
 @pytest.mark.parametrize("variant", [["--attn-res", "full"],
@@ -72,6 +73,46 @@ def test_an_attn_res_model_with_the_kernel_computes_the_eager_models_function(va
         logits.square().sum().backward()
         outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
     assert len(calls) == 2 * 4 + 1  # every sub-layer and the readout, fused model only
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
+    for name, grad in outs[0][1].items():
+        torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_several_ways_equal_the_sums_one_by_one():
+    torch.manual_seed(0)
+    alpha = torch.randn(3, 2, 4, 5, dtype=torch.float64, device=DEVICE)  # 4 ways, 5 states
+    values = [torch.randn(3, 2, 33, dtype=torch.float64, device=DEVICE) for _ in range(5)]
+    sums = kernel.weighted_sums(alpha, *values)
+    assert sums.shape == (4, 3, 2, 33)
+    for way in range(4):
+        torch.testing.assert_close(sums[way], kernel.weighted_sum(alpha[..., way, :], *values),
+                                   rtol=0, atol=1e-13)
+        torch.testing.assert_close(
+            sums[way], sum(alpha[..., way, j:j + 1] * v for j, v in enumerate(values)),
+            rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("ways", ["qkvr", "r"])
+def test_a_mudd_model_with_the_kernel_computes_the_eager_models_function(ways, monkeypatch):
+    calls = []
+    original = fused.weighted_sums
+    monkeypatch.setattr(fused, "weighted_sums",
+                        lambda alpha, *v: calls.append(alpha.size(-2)) or original(alpha, *v))
+    models = [build_language_model("gpt_baseline_lm_tiny", ["--mudd", "--mudd-ways", ways]
+                                   + extra, seed=5)[0].double().to(DEVICE)
+              for extra in ([], ["--no-fused-kernels"])]
+    # the dynamic maps away from zero (their initialisation), the same in both models
+    for da in models[0].decoder.depth.connection.aggregates:
+        torch.nn.init.normal_(da.w2.weight, std=0.3)
+    models[1].load_state_dict(models[0].state_dict())
+    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
+    outs = []
+    for model in models:
+        logits = model(tokens)[0]
+        logits.square().sum().backward()
+        outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    # every block's aggregate: 4 ways but the last block's (the residual only), or 1 way
+    assert calls == ([4, 4, 4, 1] if ways == "qkvr" else [1, 1, 1, 1])
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
     for name, grad in outs[0][1].items():
         torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
