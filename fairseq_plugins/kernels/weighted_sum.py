@@ -78,9 +78,13 @@ def _accumulator(dtype: torch.dtype):
 
 
 def _table(tensors) -> Tensor:
-    """The tensors' addresses, int64, on their device (the kernel reads the sources through it)."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64,
-                        device=tensors[0].device)
+    """The tensors' addresses, int64, on their device (the kernel reads the sources through it).
+    To a GPU through pinned memory (torch's caching host allocator) without a host sync: a copy
+    from pageable memory would wait for the stream at every read."""
+    addresses = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    if not tensors[0].is_cuda:
+        return addresses
+    return addresses.pin_memory().to(tensors[0].device, non_blocking=True)
 
 
 class WeightedSums(torch.autograd.Function):
