@@ -7,7 +7,11 @@ import os
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
-from setuptools.command.editable_wheel import editable_wheel
+
+try:  # setuptools >= 64 (PEP 660 editable installs); older ones install the .pth by build_py
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # pragma: no cover
+    editable_wheel = None
 
 # fairseq_plugins_hints.py explains two mistakes made before --user-dir imports the package; this
 # file, installed beside the packages, imports it when the interpreter starts
@@ -25,13 +29,17 @@ class BuildPyWithHints(build_py):
         return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, HINTS_PTH)]
 
 
-class EditableWheelWithHints(editable_wheel):
-    """An editable install (pip install -e ., what dev.sh does) writes only its own finder into
-    the wheel; the namespace step is the one that writes files at the wheel's root."""
+COMMANDS = {"build_py": BuildPyWithHints}
+if editable_wheel is not None:
+    class EditableWheelWithHints(editable_wheel):
+        """An editable install (pip install -e ., what dev.sh does) writes only its own finder
+        into the wheel; the namespace step is the one that writes files at the wheel's root."""
 
-    def _install_namespaces(self, installation_dir, pth_prefix):
-        super()._install_namespaces(installation_dir, pth_prefix)
-        self.copy_file(HINTS_PTH, os.path.join(installation_dir, HINTS_PTH))
+        def _install_namespaces(self, installation_dir, pth_prefix):
+            super()._install_namespaces(installation_dir, pth_prefix)
+            self.copy_file(HINTS_PTH, os.path.join(installation_dir, HINTS_PTH))
+
+    COMMANDS["editable_wheel"] = EditableWheelWithHints
 
 
 setup(
@@ -43,7 +51,7 @@ setup(
                                     "layerlab.*"]),
     py_modules=["fairseq_plugins_hints"],
     package_data={"fairseq_plugins": ["hydra_configs/*.yaml"]},
-    cmdclass={"build_py": BuildPyWithHints, "editable_wheel": EditableWheelWithHints},
+    cmdclass=COMMANDS,
     python_requires=">=3.8",
     install_requires=[
         "torch",
