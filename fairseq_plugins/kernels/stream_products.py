@@ -46,8 +46,8 @@ def _forward_kernel(alpha_ptr, stream_ptr, out_ptr, width, alpha_stride_p,
     a_mask = (rows[:, None] < N) & (cols[None, :] < K)
     alpha = tl.load(alpha_ptr + p * alpha_stride_p + rows[:, None] * K + cols[None, :],
                     mask=a_mask, other=0.0).to(ACC)  # N_PAD x K_PAD
-    stream_row = stream_ptr + p * N * width
-    out_row = out_ptr + p * K * width
+    stream_row = stream_ptr + p.to(tl.int64) * N * width  # 64-bit: P n w may exceed 2^31
+    out_row = out_ptr + p.to(tl.int64) * K * width
     for start in range(0, width, BLOCK):
         c = start + tl.arange(0, BLOCK)
         c_mask = c < width
@@ -68,9 +68,9 @@ def _backward_kernel(alpha_ptr, stream_ptr, grad_ptr, grad_alpha_ptr, grad_strea
     a_mask = (rows[:, None] < N) & (cols[None, :] < K)
     alpha = tl.load(alpha_ptr + p * alpha_stride_p + rows[:, None] * K + cols[None, :],
                     mask=a_mask, other=0.0).to(ACC)
-    stream_row = stream_ptr + p * N * width
-    grad_row = grad_ptr + p * K * width
-    grad_stream_row = grad_stream_ptr + p * N * width
+    stream_row = stream_ptr + p.to(tl.int64) * N * width  # 64-bit: P n w may exceed 2^31
+    grad_row = grad_ptr + p.to(tl.int64) * K * width
+    grad_stream_row = grad_stream_ptr + p.to(tl.int64) * N * width
     grad_alpha = tl.zeros((N_PAD, K_PAD), dtype=ACC)
     for start in range(0, width, BLOCK):
         c = start + tl.arange(0, BLOCK)
