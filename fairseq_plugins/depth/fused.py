@@ -28,7 +28,8 @@ from ..config import option
 
 logger = logging.getLogger(__name__)
 
-MAX_STREAMS = 8  # kernels.stream_products.MAX_STREAMS (kept here: importing it imports Triton)
+# the stream kernels hold n x K weights per position in registers (n, K unrolled when compiled)
+MAX_STREAMS = 8
 
 
 @dataclass

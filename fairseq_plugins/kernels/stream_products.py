@@ -7,10 +7,11 @@ streams ``stream[p]`` (n x w):
     out[p] = alpha[p]^T stream[p]                          (K x w)
 
 which eager PyTorch computes as ``einsum("...nk,...nc->...kc")``: a batched matrix product of
-tiny matrices (n <= 8), bound on a GPU by its launches and by reading the expanded weights. Here
-one program per position reads its n x K weights once and streams the width through registers
-in blocks of ``BLOCK_W``, accumulating in float32 (float64 for float64 inputs). The backward
-recomputes nothing: the gradients are two such products per position,
+tiny matrices (n <= 8: ``fairseq_plugins.depth.fused.MAX_STREAMS``), bound on a GPU by its
+launches and by reading the expanded weights. Here one program per position reads its n x K
+weights once and streams the width through registers in blocks of ``BLOCK_W``, accumulating
+in float32 (float64 for float64 inputs). The backward recomputes nothing: the gradients are
+two such products per position,
 
     grad_stream[p] = alpha[p] grad[p]          (n x w),
     grad_alpha[p]  = stream[p] grad[p]^T       (n x K, summed over the width in the program),
@@ -28,7 +29,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-MAX_STREAMS = 8  # n and K are unrolled at compile time; beyond this the eager path runs
 BLOCK_W = 64
 
 
