@@ -7,8 +7,7 @@ import torch
 from fairseq_plugins.depth import fused, mhc
 from fairseq_plugins.kernels import sinkhorn as kernel
 from helpers import build_language_model
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from twins import DEVICE, count_calls
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -45,10 +44,7 @@ def test_the_hand_written_backward_passes_gradcheck():
 
 
 def test_an_mhc_model_runs_the_fused_sinkhorn_in_every_sub_layer(monkeypatch):
-    calls = []
-    original = fused.sinkhorn_scaling
-    monkeypatch.setattr(fused, "sinkhorn_scaling",
-                        lambda m, iterations: calls.append(m.shape) or original(m, iterations))
+    calls = count_calls(monkeypatch, "sinkhorn_scaling", lambda m, iterations: m.shape)
     model = build_language_model("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn"])[0]
     model(torch.randint(4, 24, (2, 7)))[0].sum().backward()
     assert len(calls) == 2 * 4 and all(shape[-2:] == (4, 4) for shape in calls)

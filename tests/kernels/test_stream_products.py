@@ -11,8 +11,7 @@ import torch
 from fairseq_plugins.depth import fused
 from fairseq_plugins.kernels import stream_products as kernel
 from helpers import build_language_model, build_translation_model
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from twins import DEVICE, assert_same_function, count_calls, twin_language_models
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -72,18 +71,6 @@ def test_half_precision_accumulates_in_float32():
                                rtol=0, atol=0)
 
 
-def _count_kernel_calls(monkeypatch):
-    calls = []
-    original = fused.stream_products
-
-    def counting(alpha, stream):
-        calls.append(tuple(stream.shape))
-        return original(alpha, stream)
-
-    monkeypatch.setattr(fused, "stream_products", counting)
-    return calls
-
-
 @pytest.mark.parametrize("method", [["--hyper-connections", "static"],
                                     ["--hyper-connections", "dynamic"], ["--mhc", "sinkhorn"],
                                     ["--mhc", "lite"], ["--frac-connections", "dynamic"]])
@@ -92,26 +79,17 @@ def test_a_model_with_the_fused_path_computes_the_eager_models_function(method, 
     gradients (float64, where both are exact up to summation order); the kernel ran in every
     sub-layer, but the first where the stack starts as n equal streams (they take a sum; Frac-
     Connections start from the fractions)."""
-    calls = _count_kernel_calls(monkeypatch)
-    models = [build_language_model("gpt_baseline_lm_tiny", method + extra, seed=3)[0]
-              .double().to(DEVICE) for extra in ([], ["--no-fused-kernels"])]
+    calls = count_calls(monkeypatch, "stream_products", lambda alpha, stream: stream.shape)
+    models = twin_language_models(method, seed=3)
     assert models[0].decoder.depth.connection.fused
     assert not models[1].decoder.depth.connection.fused
-    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
-    outs = []
-    for model in models:
-        logits = model(tokens)[0]
-        logits.square().sum().backward()
-        outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    assert_same_function(models)
     sub_layers = 2 * 4
     assert len(calls) == sub_layers - (method[0] != "--frac-connections")
-    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
-    for name, grad in outs[0][1].items():
-        torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
 
 
 def test_the_seq2seq_family_takes_the_fused_path(monkeypatch):
-    calls = _count_kernel_calls(monkeypatch)
+    calls = count_calls(monkeypatch, "stream_products", lambda alpha, stream: stream.shape)
     model, task, _ = build_translation_model("hyper_connections_transformer_tiny")
     assert model.encoder.depth.connection.fused and model.decoder.depth.connection.fused
     src = torch.randint(4, 20, (2, 5))

@@ -6,9 +6,7 @@ import torch
 
 from fairseq_plugins.depth import attn_res, fused
 from fairseq_plugins.kernels import weighted_sum as kernel
-from helpers import build_language_model
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from twins import DEVICE, assert_same_function, count_calls, twin_language_models
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -57,25 +55,13 @@ def test_the_hand_written_backward_passes_gradcheck():
                                      ["--attn-res", "block", "--attn-res-blocks", "2"]])
 def test_an_attn_res_model_with_the_kernel_computes_the_eager_models_function(variant,
                                                                              monkeypatch):
-    calls = []
-    original = fused.weighted_sum
-    monkeypatch.setattr(fused, "weighted_sum",
-                        lambda alpha, *v: calls.append(len(v)) or original(alpha, *v))
-    models = [build_language_model("gpt_baseline_lm_tiny", variant + extra, seed=5)[0]
-              .double().to(DEVICE) for extra in ([], ["--no-fused-kernels"])]
-    # queries away from zero (uniform weights at initialisation), the same in both models
-    torch.nn.init.normal_(models[0].decoder.depth.connection.queries, std=0.5)
-    models[1].load_state_dict(models[0].state_dict())
-    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
-    outs = []
-    for model in models:
-        logits = model(tokens)[0]
-        logits.square().sum().backward()
-        outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    calls = count_calls(monkeypatch, "weighted_sum", lambda alpha, *v: len(v))
+
+    def queries_away_from_zero(model):  # uniform weights at initialisation
+        torch.nn.init.normal_(model.decoder.depth.connection.queries, std=0.5)
+
+    assert_same_function(twin_language_models(variant, seed=5, prepare=queries_away_from_zero))
     assert len(calls) == 2 * 4 + 1  # every sub-layer and the readout, fused model only
-    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
-    for name, grad in outs[0][1].items():
-        torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
 
 
 def test_several_ways_equal_the_sums_one_by_one():
@@ -94,25 +80,13 @@ def test_several_ways_equal_the_sums_one_by_one():
 
 @pytest.mark.parametrize("ways", ["qkvr", "r"])
 def test_a_mudd_model_with_the_kernel_computes_the_eager_models_function(ways, monkeypatch):
-    calls = []
-    original = fused.weighted_sums
-    monkeypatch.setattr(fused, "weighted_sums",
-                        lambda alpha, *v: calls.append(alpha.size(-2)) or original(alpha, *v))
-    models = [build_language_model("gpt_baseline_lm_tiny", ["--mudd", "--mudd-ways", ways]
-                                   + extra, seed=5)[0].double().to(DEVICE)
-              for extra in ([], ["--no-fused-kernels"])]
-    # the dynamic maps away from zero (their initialisation), the same in both models
-    for da in models[0].decoder.depth.connection.aggregates:
-        torch.nn.init.normal_(da.w2.weight, std=0.3)
-    models[1].load_state_dict(models[0].state_dict())
-    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
-    outs = []
-    for model in models:
-        logits = model(tokens)[0]
-        logits.square().sum().backward()
-        outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    calls = count_calls(monkeypatch, "weighted_sums", lambda alpha, *v: alpha.size(-2))
+
+    def maps_away_from_zero(model):  # the dynamic maps start at zero
+        for da in model.decoder.depth.connection.aggregates:
+            torch.nn.init.normal_(da.w2.weight, std=0.3)
+
+    assert_same_function(twin_language_models(["--mudd", "--mudd-ways", ways], seed=5,
+                                               prepare=maps_away_from_zero))
     # every block's aggregate: 4 ways but the last block's (the residual only), or 1 way
     assert calls == ([4, 4, 4, 1] if ways == "qkvr" else [1, 1, 1, 1])
-    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-10)
-    for name, grad in outs[0][1].items():
-        torch.testing.assert_close(grad, outs[1][1][name], rtol=1e-9, atol=1e-10, msg=name)
