@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import accumulator
+
 BLOCK_W = 64
 
 
@@ -88,10 +90,6 @@ def _backward_kernel(alpha_ptr, stream_ptr, grad_ptr, grad_alpha_ptr, grad_strea
              grad_alpha.to(grad_alpha_ptr.dtype.element_ty), mask=a_mask)
 
 
-def _accumulator(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 class StreamProducts(torch.autograd.Function):
     """``alpha^T stream`` per position: ``alpha`` P x n x K (a position stride of 0 for static
     weights), ``stream`` P x n x w (contiguous) -> P x K x w in the streams' dtype."""
@@ -105,7 +103,7 @@ class StreamProducts(torch.autograd.Function):
             alpha, alpha_stride = alpha.contiguous(), n * k
         out = stream.new_empty(positions, k, width)
         meta = dict(N=n, K=k, N_PAD=_pow2(n), K_PAD=_pow2(k), BLOCK=BLOCK_W,
-                    ACC=_accumulator(stream.dtype))
+                    ACC=accumulator(stream.dtype))
         _forward_kernel[(positions,)](alpha, stream, out, width, alpha_stride, **meta)
         ctx.save_for_backward(alpha, stream)
         ctx.alpha_stride, ctx.meta = alpha_stride, meta

@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import accumulator
+
 BLOCK_C = 128
 
 
@@ -73,10 +75,6 @@ def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_
                  mask=way_ok)
 
 
-def _accumulator(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def _table(tensors) -> Tensor:
     """The tensors' addresses, int64, on their device (the kernel reads the sources through it).
     To a GPU through pinned memory (torch's caching host allocator) without a host sync: a copy
@@ -99,7 +97,7 @@ class WeightedSums(torch.autograd.Function):
         alpha = alpha.contiguous()
         out = sources[0].new_empty(ways, positions, width)
         meta = dict(WAYS=ways, WAYS_PAD=triton.next_power_of_2(ways), BLOCK=BLOCK_C,
-                    ACC=_accumulator(out.dtype))
+                    ACC=accumulator(out.dtype))
         _forward_kernel[(positions,)](alpha, _table(sources), out, positions, len(sources),
                                       width, **meta)
         ctx.save_for_backward(alpha, *sources)
