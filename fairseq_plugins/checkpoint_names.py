@@ -1,7 +1,8 @@
 """A checkpoint loaded into a model built with other options fails with an error that names the
 options, not with torch's list of missing and unexpected keys.
 
-Each idea declares ``CHECKPOINT_NAMES`` beside its flags: the names its weights carry in a
+Each idea declares them beside its flags (``CHECKPOINT_NAMES``; a depth connection in its
+:class:`~fairseq_plugins.depth.registry.Method`): the names its weights carry in a
 state-dict key (a module or parameter name, e.g. ``fuse_attn``) and the option that makes them.
 :class:`NamesCheckpointMismatch` (a base of every model of this package) catches fairseq's strict
 load failing on keys one side lacks and says which option each group of keys belongs to, and in
@@ -10,21 +11,21 @@ which direction: the checkpoint was trained with it and the model built without,
 import re
 from typing import Dict, Iterable, List
 
-from .depth import attn_res, frac_connections, fusion, hyper_connections, mhc, mudd
-from .depth import value_residual
+from . import depth
 from .errors import OptionError, refusals
 from .models.layerwise import bridge, cross_attention
 
-# every idea whose weights a checkpoint can carry (a new one: one entry here)
-IDEAS = (hyper_connections, frac_connections, mhc, attn_res, mudd, value_residual, fusion, bridge,
-         cross_attention)
+# the seq2seq features whose weights a checkpoint can carry (the depth connections declare
+# theirs: depth.METHODS)
+FEATURES = (bridge, cross_attention)
 
 
 def owners() -> Dict[str, str]:
     """{weight name: its option}, merged over the ideas (a name two ideas share names both)."""
     out: Dict[str, str] = {}
-    for idea in IDEAS:
-        for name, flag in idea.CHECKPOINT_NAMES.items():
+    declared = [method.checkpoint_names for method in depth.METHODS]
+    for names in declared + [feature.CHECKPOINT_NAMES for feature in FEATURES]:
+        for name, flag in names.items():
             if name in out and flag not in out[name].split(" or "):
                 out[name] = f"{out[name]} or {flag}"
             else:

@@ -748,18 +748,19 @@ def test_flattened_fp16_with_weight_decay_is_a_build_time_error():
 
 @pytest.mark.parametrize("family", ["gpt_baseline_lm", "ar_encdec_lm"])
 def test_every_method_has_a_tiny_preset_in_every_family(family):
-    """... which turns on exactly that method, named by its FLAG (an option of its CONFIG)."""
+    """... which turns on exactly that method, named by its flag (an option of its config)."""
     import dataclasses
 
     from fairseq_plugins import depth
     from fairseq_plugins.config import flag
     for method in depth.METHODS:
-        assert method.FLAG in {flag(field.name) for field in dataclasses.fields(method.CONFIG)}
-        for name, options in method.PRESETS.items():
+        flags = {flag(field.name) for field in dataclasses.fields(method.config)}
+        assert set(method.flags_for(depth.registry.SIDES)) <= flags
+        for name, options in method.presets.items():
             model, _, args = build_language_model(f"{family}_{name}_tiny",
                                                   ["--tokens-per-sample", 16])
             assert all(getattr(args, key) == value for key, value in options.items())
-            assert depth.active_flags(args) == [method.FLAG]
+            assert depth.active_flags(args) == [method.flag]
     # an option given on the command line wins over the preset's
     _, _, args = build_language_model(f"{family}_hyper_connections_tiny",
                                       ["--tokens-per-sample", 16, "--hyper-connections", "static"])
@@ -939,7 +940,9 @@ def test_seq2seq_each_stack_gets_its_own_connection():
      "--attn-res is defined for pre-norm stacks only and the decoder is post-norm: add "
      "--decoder-normalize-before (model.decoder_normalize_before under hydra)"),
     (["--encoder-normalize-before"] + HC["static"], "add --decoder-normalize-before"),
-    (PRE_NORM + VALUE["value_fixed"], "--value-residual is not available in layerwise"),
+    (PRE_NORM + VALUE["value_fixed"], "--value-residual needs a self-attention that hands the "
+     "values it projects to a hook before caching them, which layerwise_transformer does not "
+     "offer (its self-attention is fairseq's MultiheadAttention"),
     (PRE_NORM + MUDD["mudd"], "use --mudd-ways r"),
     (PRE_NORM + HC["static"] + ["--encoder-fusion"], "choose one"),
     (PRE_NORM + MUDD["mudd_r"] + ["--decoder-fusion", "--fusion-kind", "dwa"], "choose one"),

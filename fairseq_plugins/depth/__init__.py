@@ -1,51 +1,82 @@
 """Depth connections: how the blocks of a stack connect to the blocks below them.
 
 The interface every stack runs is :mod:`.interface`; each method is one module here with its
-flags (a dataclass ``CONFIG``), their validation and its :class:`~.interface.Connection`:
+flags (a dataclass), their validation, its :class:`~.interface.Connection` and its declaration
+(a :class:`~.registry.Method`, ``METHOD``), listed once in :data:`METHODS`:
 
-- :mod:`.lrf`: LRF's fuse-attention sub-layer over the history (Zheng et al. 2023);
-- :mod:`.dwa`: DenseFormer's depth-weighted averages (Pagliardini et al. 2024);
 - :mod:`.hyper_connections`: Hyper-Connections (Zhu et al. 2025);
 - :mod:`.mhc`: manifold-constrained Hyper-Connections and mHC-lite (Xie et al. 2025);
 - :mod:`.frac_connections`: Frac-Connections (Zhu et al. 2025);
 - :mod:`.attn_res`: Attention Residuals, full and block (Kimi Team 2026);
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
-- :mod:`.value_residual`: value residual (Zhou et al. 2024).
+- :mod:`.value_residual`: value residual (Zhou et al. 2024);
+- :mod:`.fusion`: LRF's fuse-attention over the history (Zheng et al. 2023; the sub-layer in
+  :mod:`.lrf`) and DenseFormer's depth-weighted averages (Pagliardini et al. 2024; :mod:`.dwa`),
+  with a flag per stack (``--encoder-fusion``, ``--decoder-fusion``, ``--fusion-kind``), which
+  every family also reads to lay out its blocks.
 
-:mod:`.recompute` (``--stream-recompute``) trades time for memory in the multi-stream methods;
-:mod:`.fused` (``--no-fused-kernels``) chooses where Triton kernels replace eager code.
-
-LRF and DWA share their flags in :mod:`.fusion` (``--encoder-fusion``,
-``--fusion-kind``, ...), which every model family reads. :func:`build` turns a model's options
-into one stack's :class:`~.interface.Depth`; a model's dataclass composes :data:`CONFIGS`.
+:mod:`.multi_stream` is the machinery of the methods with several streams;
+:mod:`.recompute` (``--stream-recompute``) trades time for memory in them; :mod:`.fused`
+(``--no-fused-kernels``) chooses where Triton kernels replace eager code. :func:`build` turns a
+model's options into one stack's :class:`~.interface.Depth`; a model's dataclass composes
+:data:`CONFIGS`; the rest of the package reads the methods only through :data:`METHODS` and the
+functions here.
 """
-from typing import List, Optional
+from typing import List, Mapping, Optional, Tuple
 
-from . import (attn_res, frac_connections, fused, hyper_connections, mhc, mudd, multi_stream,
-               recompute, value_residual, weight_decay)
-from .dwa import DepthWeightedAverages
+from . import (attn_res, frac_connections, fused, fusion, hyper_connections, mhc, mudd,
+               multi_stream, recompute, value_residual, weight_decay)
 from .interface import Connection, Depth, Layout
+from . import registry
+from .registry import NEEDS, STREAM, VALUES, Method, Stack, unmet
 
-METHODS = (hyper_connections, mhc, frac_connections, attn_res, mudd, value_residual)
-# the methods that own a stack's stream (a Connection each; value residual composes with any)
-STREAMS = (hyper_connections, mhc, frac_connections, attn_res, mudd)
-CONFIGS = (tuple(method.CONFIG for method in METHODS)
+# every depth connection, one line each: a new method is its module and one line here
+METHODS: Tuple[Method, ...] = (
+    fusion.METHOD,
+    hyper_connections.METHOD,
+    mhc.METHOD,
+    frac_connections.METHOD,
+    attn_res.METHOD,
+    mudd.METHOD,
+    value_residual.METHOD,
+)
+
+# the options every model family composes: the methods' and the machinery's
+CONFIGS = (tuple(method.config for method in METHODS)
            + (recompute.CONFIG, fused.CONFIG, weight_decay.CONFIG))
-# the methods whose streams --stream-recompute rebuilds (multi-stream connections)
-RECOMPUTED = (hyper_connections, mhc, frac_connections)
 # the methods' presets: {name: options}; every model family registers <family>_<name>_tiny
-PRESETS = {name: options for method in METHODS for name, options in method.PRESETS.items()}
+PRESETS = {name: options for method in METHODS for name, options in method.presets.items()}
+# the methods whose streams --stream-recompute rebuilds (multi-stream connections)
+RECOMPUTED = tuple(method for method in METHODS if method.recomputable)
 
 
 def recomputed_flags() -> str:
     """The flags of the methods --stream-recompute applies to, for its errors."""
-    flags = [method.FLAG for method in RECOMPUTED]
-    return ", ".join(flags[:-1]) + " or " + flags[-1]
+    return registry.flags(RECOMPUTED)
 
 
-def active_flags(args) -> List[str]:
-    """The depth-connection flags that are on (the stream methods and value residual)."""
-    return [method.FLAG for method in METHODS if method.active(args)]
+def active_flags(args, side: Optional[str] = None) -> List[str]:
+    """The depth-connection flags that are on (in the ``side`` stack only, where given)."""
+    return [flag for method in METHODS for flag in method.on(args, side)]
+
+
+def weight_flags(sides, lacks: Mapping[str, str] = {}) -> List[str]:
+    """The options that add weights for --log-layer-weights to a model whose stacks are
+    ``sides`` and which lacks ``lacks`` (as in :func:`refuse_unmet`), for its refusal when it
+    has none: a method that needs what the family lacks is named with its remedy's options
+    (:attr:`~.registry.Method.reduced`), or not at all."""
+    out = []
+    for method in METHODS:
+        if not method.logs_weights:
+            continue
+        extra = {}
+        if method.preset_needs({}) & set(lacks):
+            extra = dict(method.reduced({})) if method.reduced else None
+            if extra is None or method.preset_needs(extra) & set(lacks):
+                continue
+        options = "".join(f" --{key.replace('_', '-')} {value}" for key, value in extra.items())
+        out += [flag + options for flag in method.flags_for(sides)]
+    return out
 
 
 def validate(args):
@@ -56,23 +87,49 @@ def validate(args):
                          " and none of them is on: add one, or drop --stream-recompute")
 
 
+def refuse_unmet(args, offers: Mapping[str, str], family: str):
+    """Raise ValueError where an active method needs what ``family`` does not offer
+    (``offers``: {one of :data:`~.registry.NEEDS`: why the family lacks it})."""
+    refusal = unmet(METHODS, args, offers, family)
+    if refusal:
+        raise ValueError(refusal)
+
+
+def presets_for(offers: Mapping[str, str]) -> dict:
+    """The presets a family lacking ``offers`` (as in :func:`refuse_unmet`) can build: each
+    preset whose method needs nothing the family lacks, or else the preset with the remedy's
+    options (:attr:`~.registry.Method.reduced`); {name: options}."""
+    out = {}
+    for method in METHODS:
+        for name, options in method.presets.items():
+            missing = method.preset_needs(options) & set(offers)
+            if not missing:
+                out[name] = dict(options)
+            elif method.reduced and not method.preset_needs(method.reduced(options)) & set(offers):
+                out[name] = dict(method.reduced(options))
+    return out
+
+
 def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
           pre_norm: bool = True, pre_norm_flag: Optional[str] = None) -> Depth:
     """The depth connections of the ``side`` stack (its blocks' sub-layers: ``layout``).
 
     ``fusion``: the stack's resolved ``FusionOptions`` (LRF or DWA; None: off). At most one
-    method owns the stream; value residual composes with any. ``pre_norm``: whether the stack is
-    pre-norm (methods defined only there are refused otherwise, naming ``pre_norm_flag``)."""
-    chosen = []
-    if fusion is not None:
-        flag = f"--{side}-fusion" + (" --fusion-kind dwa" if fusion.kind == "dwa" else "")
-        if fusion.kind == "dwa":
-            chosen.append((flag, DepthWeightedAverages(layout, fusion.layers, fusion.dilation)))
+    method owns the stream (:data:`~.registry.STREAM`); the others
+    (:data:`~.registry.VALUES`) compose with it. ``pre_norm``: whether the stack is pre-norm
+    (connections defined only there are refused otherwise, naming ``pre_norm_flag``)."""
+    stack = Stack(side, layout, embed_dim, fusion)
+    chosen, values = [], None
+    for method in METHODS:
+        if not method.active(args):
+            continue
+        module = method.build(args, stack)
+        if module is None:
+            continue
+        if method.role == STREAM:
+            chosen.append((getattr(module, "flag", None) or method.flag, module))
         else:
-            chosen.append((flag, Connection(layout, keep_history=True)))
-    for method in STREAMS:
-        if method.active(args):
-            chosen.append((method.FLAG, method.build(args, layout, embed_dim)))
+            values = module
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(flag for flag, _ in chosen)} both decide what the "
                          f"{side}'s blocks read from the blocks below: choose one")
@@ -87,5 +144,4 @@ def build(args, side: str, layout: Layout, embed_dim: int, fusion=None,
         raise ValueError(f"{flag} is defined for pre-norm stacks only and the {side} is "
                          f"post-norm: add {pre_norm_flag}")
     first_state = 0 if fusion is None else fusion.first_state
-    return Depth(connection, value_residual.build(args, len(layout)), first_state)
-
+    return Depth(connection, values, first_state)

@@ -47,6 +47,7 @@ from ..config import option
 from . import fused
 from .multi_stream import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
+from .registry import Method, Stack
 
 KINDS = ("none", "full", "block")
 RMS_EPS = 1e-6
@@ -83,16 +84,20 @@ def validate(args):
                          "--attn-res block")
 
 
-def build(args, layout: Layout, embed_dim: int) -> "AttentionResiduals":
+def build(args, stack: Stack) -> "AttentionResiduals":
     groups = None
     if args.attn_res == "block":
         groups = args.attn_res_blocks or DEFAULTS["attn_res_blocks"]
-        layers = len(layout)
+        layers = len(stack.layout)
         if layers % groups:
             divisors = [n for n in range(1, layers + 1) if layers % n == 0]
             raise ValueError(f"--attn-res-blocks {groups} does not divide the stack's {layers} "
                              f"layers: use one of {divisors}")
-    return AttentionResiduals(layout, embed_dim, groups)
+    return AttentionResiduals(stack.layout, stack.embed_dim, groups)
+
+
+METHOD = Method("attn_res", FLAG, CONFIG, active, build, PRESETS, validate,
+                checkpoint_names=CHECKPOINT_NAMES)
 
 
 class _WeightedSum(torch.autograd.Function):

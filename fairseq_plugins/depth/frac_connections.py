@@ -42,6 +42,7 @@ from fairseq.dataclass import FairseqDataclass
 from ..config import option
 from .hyper_connections import HyperConnections
 from .interface import Layout
+from .registry import Method, Stack
 
 KINDS = ("none", "static", "dynamic")
 
@@ -75,9 +76,14 @@ def validate(args):
                          "--frac-connections static or dynamic")
 
 
-def build(args, layout: Layout, embed_dim: int) -> "FracConnections":
+def build(args, stack: Stack) -> "FracConnections":
     rate = args.frac_rate or DEFAULTS["frac_rate"]
-    return FracConnections(layout, embed_dim, rate, dynamic=args.frac_connections == "dynamic")
+    return FracConnections(stack.layout, stack.embed_dim, rate,
+                           dynamic=args.frac_connections == "dynamic")
+
+
+METHOD = Method("frac_connections", FLAG, CONFIG, active, build, PRESETS, validate,
+                recomputable=True, checkpoint_names=CHECKPOINT_NAMES)
 
 
 class FracConnections(HyperConnections):

@@ -15,9 +15,10 @@ from typing import FrozenSet, Optional
 
 from fairseq.dataclass import FairseqDataclass
 
-from ..config import option
-from .dwa import has_dwa
-from ..config import parse_layer_indices
+from ..config import option, parse_layer_indices
+from .dwa import DepthWeightedAverages, has_dwa
+from .interface import Connection
+from .registry import Method, Stack
 
 KINDS = ("attention", "dwa")
 # the two readings of LRF's fuse-attention (docs/ideas/fusion.md); the first is the default
@@ -169,3 +170,24 @@ def _resolve_dwa(args, side: str, num_layers: int) -> FusionOptions:
                              f"allowed 1..{num_layers}")
     layers = frozenset(i for i in range(num_layers) if has_dwa(i + 1, period))
     return FusionOptions("dwa", layers, None, True, dilation)
+
+
+def build(args, stack: Stack) -> Optional[Connection]:
+    """The stack's connection where it fuses (None where it does not): DWA's averages, or for
+    LRF the plain residual that keeps the history its blocks' fuse-attention reads."""
+    if stack.fusion is None:
+        return None
+    if stack.fusion.kind == "dwa":
+        connection = DepthWeightedAverages(stack.layout, stack.fusion.layers,
+                                           stack.fusion.dilation)
+        connection.flag = f"--{stack.side}-fusion --fusion-kind dwa"
+    else:
+        connection = Connection(stack.layout, keep_history=True)
+        connection.flag = f"--{stack.side}-fusion"
+    return connection
+
+
+# LRF and DWA (--encoder-fusion / --decoder-fusion; the families resolve the options per stack,
+# as their blocks' layout depends on them: a fuse-attention is a sub-layer of its block)
+METHOD = Method("fusion", "--{side}-fusion", CONFIG, lambda args: bool(active(args)), build,
+                validate=validate, checkpoint_names=CHECKPOINT_NAMES, per_stack=True)

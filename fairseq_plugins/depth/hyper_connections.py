@@ -39,6 +39,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from .interface import Layout
+from .registry import Method, Stack
 from .multi_stream import MultiStream, mean_square, statistics_dtype
 
 logger = logging.getLogger(__name__)
@@ -84,12 +85,17 @@ def validate(args):
                                  "static or dynamic")
 
 
-def build(args, layout: Layout, embed_dim: int) -> "HyperConnections":
+def build(args, stack: Stack) -> "HyperConnections":
     rate = args.hc_expansion_rate or DEFAULTS["hc_expansion_rate"]
     if rate < 1:
         raise ValueError(f"--hc-expansion-rate must be >= 1, got {rate}")
-    return HyperConnections(layout, embed_dim, rate, dynamic=args.hyper_connections == "dynamic",
+    return HyperConnections(stack.layout, stack.embed_dim, rate,
+                            dynamic=args.hyper_connections == "dynamic",
                             readout=args.hc_readout or DEFAULTS["hc_readout"])
+
+
+METHOD = Method("hyper_connections", FLAG, CONFIG, active, build, PRESETS, validate,
+                recomputable=True, checkpoint_names=CHECKPOINT_NAMES)
 
 
 class _DynamicCoefficients(torch.autograd.Function):

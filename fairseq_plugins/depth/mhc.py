@@ -59,6 +59,7 @@ from ..config import option
 from . import fused
 from .multi_stream import MultiStream, mean_square, statistics_dtype
 from .interface import Layout, StackState
+from .registry import Method, Stack
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +126,17 @@ def validate(args):
                              "(--mhc lite) is doubly stochastic without iterations")
 
 
-def build(args, layout: Layout, embed_dim: int) -> "ManifoldHyperConnections":
+def build(args, stack: Stack) -> "ManifoldHyperConnections":
     return ManifoldHyperConnections(
-        layout, embed_dim, args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"],
+        stack.layout, stack.embed_dim, args.mhc_expansion_rate or DEFAULTS["mhc_expansion_rate"],
         lite=args.mhc == "lite",
         iterations=args.mhc_sinkhorn_iterations or DEFAULTS["mhc_sinkhorn_iterations"],
         init=args.mhc_init or DEFAULTS["mhc_init"],
         readout=args.mhc_readout or DEFAULTS["mhc_readout"])
+
+
+METHOD = Method("mhc", FLAG, CONFIG, active, build, PRESETS, validate, recomputable=True,
+                checkpoint_names=CHECKPOINT_NAMES)
 
 
 def sinkhorn(logits: Tensor, iterations: int, fused_kernel: bool = False) -> Tensor:

@@ -32,6 +32,7 @@ from fairseq.dataclass import FairseqDataclass
 from ..config import option
 from . import fused
 from .interface import SELF, Connection, Inputs, Layout, StackState
+from .registry import SEPARATE_INPUTS, Method, Stack
 
 WAYS = ("qkvr", "r")
 
@@ -63,13 +64,24 @@ def validate(args):
         raise ValueError("--mudd-ways was given but --mudd is off; add --mudd")
 
 
-def build(args, layout: Layout, embed_dim: int) -> "Mudd":
-    for i, block in enumerate(layout):
+def needs(args):
+    """The query, key and value ways feed a self-attention separate inputs."""
+    return frozenset({SEPARATE_INPUTS}) if (args.mudd_ways or WAYS[0]) != "r" else frozenset()
+
+
+def build(args, stack: Stack) -> "Mudd":
+    for i, block in enumerate(stack.layout):
         if block[0] != SELF:
             raise ValueError(f"--mudd: the first sub-layer of block {i} is {block[0]!r}, not the "
                              "self-attention whose query/key/value the connections feed "
                              "(ar_encdec_lm: use --decoder-block-order original)")
-    return Mudd(layout, embed_dim, args.mudd_ways or WAYS[0])
+    return Mudd(stack.layout, stack.embed_dim, args.mudd_ways or WAYS[0])
+
+
+METHOD = Method("mudd", FLAG, CONFIG, active, build, PRESETS, validate, needs=needs,
+                remedies={SEPARATE_INPUTS: "use --mudd-ways r (the residual way only)"},
+                reduced=lambda options: {**options, "mudd_ways": "r"},
+                checkpoint_names=CHECKPOINT_NAMES)
 
 
 def rms_norm(x: Tensor, eps: float = 1e-6) -> Tensor:

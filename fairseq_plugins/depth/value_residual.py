@@ -26,6 +26,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from .interface import StackState
+from .registry import VALUE_HOOK, VALUES, Method, Stack
 
 KINDS = ("none", "fixed", "learnable")
 
@@ -49,14 +50,12 @@ def active(args) -> bool:
     return (getattr(args, "value_residual", None) or "none") != "none"
 
 
-def validate(args):
-    pass
+def build(args, stack: Stack) -> "ValueResidual":
+    return ValueResidual(len(stack.layout), learnable=args.value_residual == "learnable")
 
 
-def build(args, num_blocks: int) -> Optional["ValueResidual"]:
-    if not active(args):
-        return None
-    return ValueResidual(num_blocks, learnable=args.value_residual == "learnable")
+METHOD = Method("value_residual", FLAG, CONFIG, active, build, PRESETS, role=VALUES,
+                needs=lambda args: frozenset({VALUE_HOOK}), checkpoint_names=CHECKPOINT_NAMES)
 
 
 class ValueResidual(nn.Module):

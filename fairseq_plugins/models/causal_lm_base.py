@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class CausalLMConfig(*reversed(depth.CONFIGS), fusion.CONFIG, weight_logging.WeightLoggingConfig):
+class CausalLMConfig(*reversed(depth.CONFIGS), weight_logging.WeightLoggingConfig):
     """The options both language models share (flags ``--embed-dim`` ...; hydra
     ``model.embed_dim`` ...), the depth connections' among them (``--decoder-fusion``,
     ``--hyper-connections`` ...: :mod:`fairseq_plugins.depth`). The sizes' defaults are the
@@ -79,7 +79,6 @@ def validate_lm_args(args, stacks=("decoder",)):
         if side not in stacks and getattr(args, f"{side}_fusion", False):
             raise ValueError(f"--{side}-fusion: {args.arch} has no {side} stack; its stacks: "
                              f"{', '.join(f'--{s}-fusion' for s in stacks)}")
-    fusion.validate(args)
     depth.validate(args)
     if args.embed_dim % args.attention_heads:
         raise ValueError(f"--attention-heads={args.attention_heads} must divide "
@@ -269,8 +268,7 @@ class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.Log
         model = cls(decoder)
         if args.log_layer_weights:
             model.start_logging_layer_weights(
-                args.arch, [f"--{side}-fusion" for side in model.fusion_stacks()]
-                + [method.FLAG for method in depth.METHODS])
+                args.arch, depth.weight_flags(model.fusion_stacks()))
         logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
                     "positional table excluded)", args.arch,
                     f"{decoder.reference_parameter_count():,}")

@@ -75,9 +75,8 @@ class LayerwiseTransformerModel(NamesCheckpointMismatch, RecordsFusionWeights,
         check_finetune_source(model, args)
         if args.log_layer_weights:
             model.start_logging_layer_weights(
-                args.arch, ["--encoder-fusion", "--decoder-fusion"]
-                + [f"--bridge {kind}" for kind in bridge.KINDS if kind != "none"]
-                + options.depth_flags())
+                args.arch, [f"--bridge {kind}" for kind in bridge.KINDS if kind != "none"]
+                + depth.weight_flags(depth.registry.SIDES, options.LACKS))
         return model
 
     @classmethod

@@ -18,10 +18,22 @@ from fairseq.models.transformer import TransformerConfig
 
 from ... import config, depth, weight_logging
 from ...modules.layerwise_layers import LayerOptions
-from ...depth import fusion, mudd, value_residual
+from ...depth import fusion, registry
 from . import bridge, cross_attention, marian
 
-FEATURES = (fusion, bridge, cross_attention, marian)
+# the seq2seq features (the depth connections, fusion among them, are depth.METHODS; a fusion
+# flag also changes the layers: their fuse-attention sub-layers, resolved by fusion.resolve)
+FEATURES = (bridge, cross_attention, marian)
+
+# what this family's stacks do not offer a depth connection (depth.registry.NEEDS), and why:
+# fairseq's MultiheadAttention (these layers' self-attention) takes keys and values from the
+# passed tensors on its training path but re-projects them from the query on its incremental
+# path, so separate key/value inputs, or values mixed after their projection, would make
+# training and generation compute different functions
+_WHY = ("its self-attention is fairseq's MultiheadAttention, which re-projects keys and values "
+        "from the query when decoding incrementally; the language models gpt_baseline_lm and "
+        "ar_encdec_lm offer it")
+LACKS = {registry.SEPARATE_INPUTS: _WHY, registry.VALUE_HOOK: _WHY}
 
 # fairseq's transformer options, flattened as its flags (--encoder-embed-dim, ...)
 FairseqTransformerOptions = config.flat_dataclass("FairseqTransformerOptions", TransformerConfig)
@@ -73,10 +85,10 @@ def set_defaults(args):
 def validate(args):
     """The checks that need the whole model's flags (each feature's, and fairseq options none of
     the layerwise layers implements); raise ValueError naming the flag and the allowed values."""
-    flags = [flag for feature in FEATURES for flag in feature.active(args)]
-    flags += depth.active_flags(args)
+    flags = depth.active_flags(args)
+    flags += [flag for feature in FEATURES for flag in feature.active(args)]
     unsupported = UNSUPPORTED_WITH_LAYERWISE if flags else ()
-    if any(feature.new_attention(args) for feature in FEATURES):
+    if fusion.new_attention(args) or any(feature.new_attention(args) for feature in FEATURES):
         unsupported += UNSUPPORTED_WITH_NEW_ATTENTION
     for name in unsupported:
         if getattr(args, name, False):
@@ -85,26 +97,7 @@ def validate(args):
     for feature in FEATURES:
         feature.validate(args)
     depth.validate(args)
-    # fairseq's MultiheadAttention (these layers' self-attention) takes keys and values from the
-    # passed tensors on its training path but re-projects them from the query on its incremental
-    # path: separate key/value inputs, or values mixed after their projection, would make
-    # training and generation compute different functions
-    why = ("these layers' self-attention is fairseq's MultiheadAttention, which re-projects "
-           "keys and values from the query when decoding incrementally")
-    if value_residual.active(args):
-        raise ValueError(f"--value-residual is not available in layerwise_transformer ({why}); "
-                         "the language models (gpt_baseline_lm, ar_encdec_lm) have it")
-    if mudd.active(args) and (args.mudd_ways or mudd.WAYS[0]) != "r":
-        raise ValueError(f"--mudd-ways {args.mudd_ways or mudd.WAYS[0]} is not available in "
-                         f"layerwise_transformer ({why}): use --mudd-ways r (the residual "
-                         "stream only), or a language model (gpt_baseline_lm, ar_encdec_lm)")
-
-
-def depth_flags():
-    """The flags of the depth connections this family builds, as it accepts them (refused
-    above: value residual, MUDD's query / key / value ways)."""
-    return [f"{mudd.FLAG} --mudd-ways r" if method is mudd else method.FLAG
-            for method in depth.METHODS if method is not value_residual]
+    depth.refuse_unmet(args, LACKS, "layerwise_transformer")
 
 
 def resolve_stack(cfg, side: str) -> StackOptions:
@@ -119,6 +112,6 @@ def resolve_stack(cfg, side: str) -> StackOptions:
                     and i in stack_fusion.layers else None),
             cross_attention=kinds.get(i, cross_attention.STANDARD))
         for i in range(num_layers))
-    layerwise = (any(feature.active(cfg, side) for feature in FEATURES)
-                 or bool(depth.active_flags(cfg)))
+    layerwise = (bool(depth.active_flags(cfg, side))
+                 or any(feature.active(cfg, side) for feature in FEATURES))
     return StackOptions(layers, stack_fusion, layerwise)

@@ -6,6 +6,7 @@ from ... import config, depth
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS
 from ...registry import register_model_architecture
 from .model import MODEL_NAME, layerwise_base_architecture
+from .options import LACKS
 
 # --arch layerwise_transformer: registered by register_model (a dataclass model); its defaults
 # are layerwise_base_architecture's, applied at build time
@@ -49,16 +50,14 @@ for _size, _size_fn in SIZES.items():
     register_preset(f"dwa_transformer{_size}", _size_fn, encoder_fusion=True,
                     decoder_fusion=True, fusion_kind="dwa")
 
-# hyper_connections_transformer{,_iwslt_de_en,_tiny}, mudd_transformer{...}: the depth
-# connections in both stacks, which are pre-norm (the methods are defined for pre-norm stacks);
-# MUDD on the residual stream only (see options.validate). Value residual has no preset here:
-# this model's self-attention cannot take it (options.validate says why)
-LAYERWISE_DEPTH = {"hyper_connections": {}, "mhc": {}, "mhc_lite": {}, "frac_connections": {},
-                   "attn_res": {}, "attn_res_block": {}, "mudd": {"mudd_ways": "r"}}
-for _name, _extra in LAYERWISE_DEPTH.items():
+# <preset>_transformer{,_iwslt_de_en,_tiny} for every depth-connection preset this family can
+# build (depth.presets_for: with the remedy of what it lacks, options.LACKS, or not at all), in
+# both stacks, which are pre-norm (several methods are defined for pre-norm stacks only)
+LAYERWISE_DEPTH = depth.presets_for(LACKS)
+for _name, _options in LAYERWISE_DEPTH.items():
     for _size, _size_fn in SIZES.items():
         register_preset(f"{_name}_transformer{_size}", _size_fn, encoder_normalize_before=True,
-                        decoder_normalize_before=True, **depth.PRESETS[_name], **_extra)
+                        decoder_normalize_before=True, **_options)
 
 # bridge_transformer{,_tiny}: the FC bridge (original init unless --bridge-init says otherwise);
 # transparent_transformer{,_tiny}: transparent attention
