@@ -150,10 +150,12 @@ def test_the_register_and_its_recipes_die_with_the_graph():
 def test_nothing_is_registered_without_a_gradient():
     model, _, _ = _build("gpt_baseline_lm_tiny", ["--hyper-connections", "dynamic",
                                                    "--stream-recompute"])
-    stack = model.decoder.depth.connection
+    depth = model.decoder.depth
+    stack = depth.connection
+    x = torch.randn(4, 2, stack.reads * stack.width)
     with torch.no_grad():
-        state = stack.start(torch.randn(4, 2, stack.reads * stack.width))
-    assert state.scratch is None
+        assert depth.start(x).slot(stack).recompute is None
+    assert depth.start(x).slot(stack).recompute is not None  # with a gradient: the hooks' home
 
 
 @pytest.mark.parametrize("arch,extra", [

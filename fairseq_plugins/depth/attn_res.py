@@ -203,9 +203,12 @@ class AttentionResiduals(Connection):
         return True
 
     def start(self, x: Tensor) -> StackState:
-        state = StackState(x, [x])
-        state.scratch = [self._logits(x)]
-        return state
+        return StackState(x, [x])
+
+    def new_slot(self, x: Tensor) -> List[Tuple[Tensor, ...]]:
+        """Every completed source's logits for every query (computed once, when the source
+        completes: :meth:`_logits`), x_0's first."""
+        return [self._logits(x)]
 
     def _logits(self, v: Tensor, k: Optional[int] = None):
         """w_k . RMSNorm_k(v) for every query k (a tuple of K+1 tensors T x B, one per query:
@@ -241,7 +244,7 @@ class AttentionResiduals(Connection):
         """(sources, their logits for query k) that query k attends: the completed sources
         (their logits computed when they completed), and the open group's partial sum (its
         logit computed now: it changes with every sub-layer)."""
-        logits = [per_query[k] for per_query in state.scratch]
+        logits = [per_query[k] for per_query in state.slot(self)]
         if not include_partial:
             return state.history, logits
         partial = state.stream
@@ -259,7 +262,7 @@ class AttentionResiduals(Connection):
         state.stream = out if first else state.stream + out
         if last:  # the group is complete: its sum becomes a source
             state.history.append(state.stream)
-            state.scratch.append(self._logits(state.stream))
+            state.slot(self).append(self._logits(state.stream))
 
     def end_block(self, state: StackState, block: int):
         pass  # the sources are kept by write

@@ -75,21 +75,29 @@ class StackState:
 
     ``stream``: the residual stream, T x B x C (T x B x n x C with n streams); ``history``: the
     states kept for the connection or the fuse-attention ([x_0, x_1, ...], T x B x C each; None
-    when nothing needs it); ``inputs``: separate query/key/value inputs the next block's first
-    sub-layer reads (MUDD), else None; ``first_values``: the first block's self-attention values
-    for value residual (B x H x T x hp), else None; ``diagnostics``: what a connection
-    accumulates over the pass for a diagnostic it logs (Hyper-Connections' composite mixing),
-    else None; ``scratch``: what a connection computes once per pass and reuses across its
-    sub-layers (Attention Residuals: every kept state's inverse RMS), else None."""
-    __slots__ = ("stream", "history", "inputs", "first_values", "diagnostics", "scratch")
+    when nothing needs it). Everything else a part of the stack's depth connections keeps
+    during the pass (the connection, value residual) is in that part's own slot: what its
+    ``new_slot(x)`` returned at the start of the pass, handed back by :meth:`slot`."""
+    __slots__ = ("stream", "history", "_slots")
 
-    def __init__(self, stream: Tensor, history: Optional[List[Tensor]]):
+    def __init__(self, stream: Tensor, history: Optional[List[Tensor]],
+                 slots: Optional[Dict[int, Any]] = None):
         self.stream = stream
         self.history = history
-        self.inputs: Optional[Inputs] = None
-        self.first_values: Optional[Tensor] = None
-        self.diagnostics: Optional[Any] = None
-        self.scratch: Optional[Any] = None
+        self._slots: Dict[int, Any] = {} if slots is None else slots
+
+    def open_slot(self, owner: nn.Module, value: Any):
+        """Give ``owner`` its slot for this pass (:meth:`Depth.start` does, once per part)."""
+        self._slots[id(owner)] = value
+
+    def slot(self, owner: nn.Module) -> Any:
+        """``owner``'s slot in this pass (None where it keeps nothing)."""
+        return self._slots.get(id(owner))
+
+    def sharing_slots(self, stream: Tensor) -> "StackState":
+        """A state of ``stream`` without history that shares this one's slots (a sub-layer run
+        again in the backward pass on its own copy of the stream)."""
+        return StackState(stream, None, self._slots)
 
 
 class Connection(nn.Module):
@@ -138,8 +146,14 @@ class Connection(nn.Module):
         return False
 
     def start(self, x: Tensor) -> StackState:
-        """x: T x B x C, the embedding output (after its dropout)."""
+        """x: T x B x C, the embedding output (after its dropout) -> the pass's state (its
+        stream and history; :meth:`Depth.start` then opens every part's slot)."""
         return StackState(x, [x] if self.keep_history else None)
+
+    def new_slot(self, x: Tensor) -> Any:
+        """What this connection keeps during one forward pass from the embedding output ``x``
+        on (its slot in the state, ``state.slot(self)``); None: nothing."""
+        return None
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         """The inputs of ``sublayer`` of ``block`` and a token for :meth:`write`."""
@@ -240,7 +254,11 @@ class Depth(nn.Module):
         return self.connection.layout
 
     def start(self, x: Tensor) -> StackState:
-        return self.connection.start(x)
+        state = self.connection.start(x)
+        state.open_slot(self.connection, self.connection.new_slot(x))
+        if self.value_residual is not None:
+            state.open_slot(self.value_residual, self.value_residual.new_slot(x))
+        return state
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         return self.connection.read(state, block, sublayer)

@@ -240,9 +240,9 @@ def run_sublayer(fuse: FuseAttention, state: StackState, history: List[Tensor],
         return
 
     def pure(stream: Tensor, *states: Tensor) -> Tensor:
-        scratch = StackState(stream, None)
-        sublayer(scratch, list(states))
-        return scratch.stream
+        again = state.sharing_slots(stream)
+        sublayer(again, list(states))
+        return again.stream
 
     state.stream = checkpoint(pure, state.stream, *history, use_reentrant=False)
 

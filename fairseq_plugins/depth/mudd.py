@@ -164,9 +164,13 @@ class Mudd(Connection):
         """Whether ``block``'s self-attention reads separate query/key/value inputs."""
         return self.ways == "qkvr" and block > 0
 
+    def new_slot(self, x: Tensor) -> "_Pending":
+        return _Pending()
+
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
-        if state.inputs is not None and sublayer == SELF:
-            inputs, state.inputs = state.inputs, None
+        pending = state.slot(self)
+        if pending.inputs is not None and sublayer == SELF:
+            inputs, pending.inputs = pending.inputs, None
             return inputs, None
         return Inputs(state.stream), None
 
@@ -176,7 +180,7 @@ class Mudd(Connection):
                                        self.fused and fused.runs_on(state.stream))
         if len(mixed) == 4:
             query, key, value, state.stream = mixed
-            state.inputs = Inputs(query, key, value)
+            state.slot(self).inputs = Inputs(query, key, value)
         else:
             state.stream = mixed[0]
 
@@ -203,3 +207,12 @@ class Mudd(Connection):
             total += embed_dim * da.w1.out_features + da.w1.out_features * da.w2.out_features
             total += da.ways * da.states * embed_dim
         return total
+
+
+class _Pending:
+    """MUDD's slot: the separate query / key / value inputs of the next block's
+    self-attention (None once read, and where the way is the residual's)."""
+    __slots__ = ("inputs",)
+
+    def __init__(self):
+        self.inputs: Optional[Inputs] = None

@@ -74,15 +74,16 @@ class MultiStream(Connection):
 
     def start(self, x: Tensor) -> StackState:
         # R = 1: T x B x 1 x C (n equal streams); R = n: T x B x n x C/n (the fractions)
-        state = StackState(x.unflatten(-1, (self.reads, -1)), None)
-        if self.recompute and torch.is_grad_enabled():
-            state.scratch = Recompute()
-        return state
+        return StackState(x.unflatten(-1, (self.reads, -1)), None)
+
+    def new_slot(self, x: Tensor) -> "_Pass":
+        return _Pass(Recompute() if self.recompute and torch.is_grad_enabled() else None)
 
     def saving(self, state: StackState) -> ContextManager:
         """With ``recompute`` and a gradient, the backward pass rebuilds the sub-layers' inputs
         and the streams between a block's sub-layers (:mod:`.recompute`)."""
-        return state.scratch.hooks() if state.scratch is not None else nullcontext()
+        rebuilds = state.slot(self).recompute
+        return rebuilds.hooks() if rebuilds is not None else nullcontext()
 
     def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
@@ -93,8 +94,9 @@ class MultiStream(Connection):
         stream = state.stream
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
         read, mixed = self._products(alpha, stream)
+        own = state.slot(self)
         if self.log_weights and self.training:
-            self._compose(state, alpha)
+            own.composite = self._composed(own.composite, alpha)
         # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
         # saved for the backward pass as a view it would keep all of the product alive, (n+1) C
         # per token and sub-layer instead of C (measured: 120 MB of a 12-block LM's activations)
@@ -102,10 +104,10 @@ class MultiStream(Connection):
         # write's token: the mixed streams and beta; with a gradient, for a sub-layer other than
         # its block's last, what rebuilds the streams it writes (alpha and the streams it read)
         rebuild = None
-        if state.scratch is not None:
+        if own.recompute is not None:
             # the LayerNorm's saved input, rebuilt from alpha and the streams (kept for the
             # product's backward anyway): C per token and sub-layer less to keep
-            state.scratch.add(query, self._rebuilt_input, alpha, stream)
+            own.recompute.add(query, self._rebuilt_input, alpha, stream)
             if (block, sublayer) in self._inside_block:
                 rebuild = (alpha, stream)
         return Inputs(query), (mixed, beta, rebuild)
@@ -143,11 +145,10 @@ class MultiStream(Connection):
         # tensor of the whole product per slice
         return both.split([self.reads, self.streams], dim=-2)
 
-    def _compose(self, state: StackState, alpha: Tensor):
-        """composite <- A_r^T composite (A_r^T: this sub-layer's mixing, ... x n x n)."""
+    def _composed(self, composite: Optional[Tensor], alpha: Tensor) -> Tensor:
+        """A_r^T composite (A_r^T: this sub-layer's mixing, ... x n x n)."""
         mixing = alpha[..., self.reads:].detach().float().transpose(-1, -2)
-        state.diagnostics = (mixing if state.diagnostics is None
-                             else torch.matmul(mixing, state.diagnostics))
+        return mixing if composite is None else torch.matmul(mixing, composite)
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: Any,
               post_norm=None):
@@ -158,7 +159,8 @@ class MultiStream(Connection):
             # the sub-layers' outputs (kept for beta's gradient): n C per token and sub-layer
             # less to keep, but for each block's output. Kept there, so that rebuilding the
             # streams for one sub-layer's backward recomputes a block at most
-            state.scratch.add(state.stream, self._rebuilt_streams, *rebuild, beta, out)
+            state.slot(self).recompute.add(state.stream, self._rebuilt_streams, *rebuild, beta,
+                                           out)
 
     def full_streams(self, state: StackState) -> Tensor:
         """The streams, T x B x n x C (an expanded view while they are n equal copies)."""
@@ -176,8 +178,8 @@ class MultiStream(Connection):
         return self.reduce(state)
 
     def finish(self, state: StackState) -> Tensor:
-        if state.diagnostics is not None:
-            composite = state.diagnostics.abs()
+        if state.slot(self).composite is not None:
+            composite = state.slot(self).composite.abs()
             self.amax_gain = (composite.sum(-1).amax(), composite.sum(-2).amax())
         return self.reduce(state)
 
@@ -191,3 +193,15 @@ class MultiStream(Connection):
         """Per token and sub-layer, streams of ``width`` w: read n R w, mix n^2 w, write n w."""
         n = self.streams
         return n * self.reads * width + n * n * width + n * width
+
+
+class _Pass:
+    """What a multi-stream connection keeps during one forward pass: ``recompute``, the
+    :class:`~.recompute.Recompute` whose hooks rebuild tensors in the backward pass (None
+    without --stream-recompute or a gradient); ``composite``, the product of the mixing
+    matrices so far (... x n x n; None unless a training pass logs the Amax gain)."""
+    __slots__ = ("recompute", "composite")
+
+    def __init__(self, recompute: Optional[Recompute]):
+        self.recompute = recompute
+        self.composite: Optional[Tensor] = None

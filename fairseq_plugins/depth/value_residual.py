@@ -71,20 +71,24 @@ class ValueResidual(nn.Module):
         else:
             self.register_buffer("lambdas", lambdas, persistent=False)
 
+    def new_slot(self, x: Tensor) -> "_FirstValues":
+        return _FirstValues()
+
     def mix(self, state: StackState, block: int) -> Callable[[Tensor], Tensor]:
         """What block ``block``'s self-attention applies to its values (B x H x T x hp): the
-        first block keeps them as V_1; later blocks mix."""
+        first block keeps them as V_1 (in this pass's slot); later blocks mix."""
+        first = state.slot(self)
         if block == 0:
             def keep(values: Tensor) -> Tensor:
-                state.first_values = values
+                first.values = values
                 return values
             return keep
 
         def mix(values: Tensor) -> Tensor:
-            if state.first_values is None:
+            if first.values is None:
                 raise RuntimeError("value residual: the first block's self-attention did not run")
             lam = self.lambdas[block].to(values.dtype)
-            return lam[0] * values + lam[1] * state.first_values
+            return lam[0] * values + lam[1] * first.values
         return mix
 
     def logged_weights(self) -> Dict[str, Tensor]:
@@ -100,3 +104,12 @@ class ValueResidual(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{'learnable' if self.learnable else 'fixed 0.5/0.5'}, blocks={self.lambdas.size(0)}"
+
+
+class _FirstValues:
+    """Value residual's slot: the first block's self-attention values of this pass's
+    positions (B x H x T x hp; None until it ran)."""
+    __slots__ = ("values",)
+
+    def __init__(self):
+        self.values: Optional[Tensor] = None
