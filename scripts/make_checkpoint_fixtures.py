@@ -46,6 +46,10 @@ FIXTURES = {
     "hyper_connections_transformer": ("hyper_connections_transformer_tiny", SIZES),
     "mudd_transformer": ("mudd_transformer_tiny", SIZES),
     "mhc_lite_transformer": ("mhc_lite_transformer_tiny", SIZES),
+    # separate key / value inputs and the values' hook in the seq2seq self-attention
+    "mudd_qkvr_value_transformer": ("mudd_transformer_tiny",
+                                    SIZES + ["--mudd-ways", "qkvr", "--value-residual",
+                                             "learnable"]),
 }
 # parameters whose initialisation is a constant (the DWA identity, transparent attention's zero
 # logits): drawn at random in the fixture, so that loading them is really checked
@@ -132,7 +136,8 @@ def make(name, arch, flags, out_root):
             for key, p in model.named_parameters():
                 if any(part in key for part in RANDOMISED):
                     p.normal_()
-    if name in ("hyper_connections_transformer", "mudd_transformer", "mhc_lite_transformer"):
+    if name in ("hyper_connections_transformer", "mudd_transformer", "mhc_lite_transformer",
+                "mudd_qkvr_value_transformer"):
         torch.manual_seed(5)  # moved off the identity, as the language models' (RANDOMISED_LM)
         with torch.no_grad():
             for key, p in model.named_parameters():

@@ -22,7 +22,7 @@ def test_every_architecture_family_has_a_fixture():
             "decoder_values_transformer", "ar_encdec_lm", "gpt_baseline_lm",
             "gpt_hyper_connections_lm", "gpt_mudd_lm", "ar_value_residual_lm", "gpt_mhc_lm",
             "mhc_lite_transformer", "gpt_frac_connections_lm", "gpt_attn_res_lm",
-            "ar_attn_res_block_lm"} <= set(NAMES)
+            "ar_attn_res_block_lm", "mudd_qkvr_value_transformer"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

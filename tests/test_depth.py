@@ -871,8 +871,17 @@ SEQ2SEQ = {"hc_static": PRE_NORM + HC["static"], "hc_dynamic": PRE_NORM + HC["dy
            "attn_res": PRE_NORM + ATTN_RES["attn_res"],
            "attn_res_block": PRE_NORM + ATTN_RES["attn_res_block"],
            "attn_res_swapped": PRE_NORM + ATTN_RES["attn_res_block1"] + [
-               "--cross-attention", "swapped"]}
+               "--cross-attention", "swapped"],
+           # separate key / value inputs and the values' hook (modules/depth_self_attention.py)
+           "mudd": PRE_NORM + MUDD["mudd"],
+           "mudd_value": PRE_NORM + MUDD["mudd"] + VALUE["value_learnable"],
+           "value_post_norm": VALUE["value_fixed"],  # layerwise_transformer's post-norm default
+           "hc_value": PRE_NORM + HC["dynamic"] + VALUE["value_learnable"],
+           "lrf_value": VALUE["value_learnable"] + ["--encoder-fusion", "--decoder-fusion"]}
 SEQ2SEQ_IDENTITY = {"hc_static": 1e-14, "hc_dynamic": 1e-14, "mudd_r": 0.0,
+                    # keys and values from copies of the self-attention's LayerNorm, attended by
+                    # the explicit path instead of fairseq's fused one: the same products
+                    "mudd": 1e-13,
                     "mhc": 1e-8, "mhc_lite_mean": 1e-8, "frac_static": 0.0, "frac_m2": 0.0,
                     # with every LayerNorm's eps ~0 (the mean of s sources is the stream / s)
                     "attn_res": 1e-12, "attn_res_block": 1e-12}
@@ -894,7 +903,8 @@ def _seq2seq_with_plain_weights(extra, seed=1):
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_IDENTITY))
 def test_seq2seq_initialisation_is_the_plain_pre_norm_transformer(name):
     plain, model, task, added = _seq2seq_with_plain_weights(SEQ2SEQ[name])
-    assert added and all(".depth.connection." in key for key in added)
+    assert added and all(".depth.connection." in key or "key_layer_norm" in key
+                         or "value_layer_norm" in key for key in added)
     src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
     if name.startswith("attn_res"):  # eps ~0 (0 would divide 0 by 0 at the padded positions)
         _set_layer_norm_eps(1e-30, plain, model)
@@ -921,6 +931,35 @@ def test_seq2seq_incremental_equals_full_forward_and_beam_batch_equals_one_by_on
     assert_batch_equals_one_by_one(model.float(), task, src, lengths, beam=3)
 
 
+def test_a_plain_seq2seq_checkpoint_continues_with_separate_inputs_at_their_initialisation():
+    """fairseq's load of a pre-norm layerwise_transformer checkpoint into one with MUDD's four
+    ways: the connection starts at its initialisation and the key / value LayerNorms as copies
+    of the checkpoint's self-attention LayerNorm, so the model computes the checkpoint's
+    function (up to the explicit attention's rounding)."""
+    plain, task, _ = build_translation_model("layerwise_transformer_tiny",
+                                             PRE_NORM + ["--encoder-fusion"], seed=1)
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            if "layer_norm" in name:  # not the LayerNorms' own initialisation
+                p.add_(0.2 * torch.randn_like(p))
+    model, _, _ = build_translation_model("layerwise_transformer_tiny", SEQ2SEQ["mudd"],
+                                          task.source_dictionary, task.target_dictionary,
+                                          seed=2)
+    state = {k: v for k, v in plain.state_dict().items() if "fuse_attn" not in k}
+    model.load_state_dict(dict(state))  # fairseq's load: upgrade (in place), then strict
+    layer = model.decoder.layers[1]
+    assert torch.equal(layer.key_layer_norm.weight, layer.self_attn_layer_norm.weight)
+    assert torch.equal(layer.value_layer_norm.bias, layer.self_attn_layer_norm.bias)
+    reference, _, _ = build_translation_model("layerwise_transformer_tiny", PRE_NORM,
+                                              task.source_dictionary, task.target_dictionary)
+    reference.load_state_dict(dict(state))
+    src, lengths, prev = random_batch(task.source_dictionary, task.target_dictionary)
+    with torch.no_grad():
+        torch.testing.assert_close(model.double().eval()(src, lengths, prev)[0],
+                                   reference.double().eval()(src, lengths, prev)[0],
+                                   rtol=0, atol=1e-12)
+
+
 def test_seq2seq_each_stack_gets_its_own_connection():
     model, _, _ = build_translation_model("hyper_connections_transformer_tiny",
                                           ["--encoder-layers", "3"])
@@ -940,10 +979,6 @@ def test_seq2seq_each_stack_gets_its_own_connection():
      "--attn-res is defined for pre-norm stacks only and the decoder is post-norm: add "
      "--decoder-normalize-before (model.decoder_normalize_before under hydra)"),
     (["--encoder-normalize-before"] + HC["static"], "add --decoder-normalize-before"),
-    (PRE_NORM + VALUE["value_fixed"], "--value-residual needs a self-attention that hands the "
-     "values it projects to a hook before caching them, which layerwise_transformer does not "
-     "offer (its self-attention is fairseq's MultiheadAttention"),
-    (PRE_NORM + MUDD["mudd"], "use --mudd-ways r"),
     (PRE_NORM + HC["static"] + ["--encoder-fusion"], "choose one"),
     (PRE_NORM + MUDD["mudd_r"] + ["--decoder-fusion", "--fusion-kind", "dwa"], "choose one"),
     (PRE_NORM + HC["static"] + ["--cross-self-attention"],
@@ -983,10 +1018,13 @@ def test_dwa_checkpoints_from_before_the_interface_load_into_the_connection():
         assert torch.equal(fresh.state_dict()[key], value), key
 
 
-@pytest.mark.parametrize("arch", ["hyper_connections_transformer_tiny", "mudd_transformer_tiny",
-                                  "mhc_lite_transformer_tiny", "attn_res_transformer_tiny"])
-def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch):
-    ckpt = train(scan_bin, arch, updates=10)
+@pytest.mark.parametrize("arch,extra", [
+    ("hyper_connections_transformer_tiny", []), ("mhc_lite_transformer_tiny", []),
+    ("attn_res_transformer_tiny", []),
+    # separate key / value inputs and the values' hook, cached by fairseq's incremental state
+    ("mudd_transformer_tiny", ["--mudd-ways", "qkvr", "--value-residual", "fixed"])])
+def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch, extra):
+    ckpt = train(scan_bin, arch, *extra, updates=10)
     out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR, "--path", ckpt,
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "20")

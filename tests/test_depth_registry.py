@@ -26,8 +26,8 @@ def _names_a_method(tree) -> list:
     allowed (a family lays out its blocks' fuse-attention sub-layers from fusion.resolve)."""
     named = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and "depth" in node.module:
-            parts = node.module.split(".")
+        parts = node.module.split(".") if isinstance(node, ast.ImportFrom) and node.module else []
+        if "depth" in parts:
             named |= set(parts[parts.index("depth") + 1:]) & METHOD_MODULES
             if parts[-1] == "depth":
                 named |= {alias.name for alias in node.names} & METHOD_MODULES
@@ -65,18 +65,22 @@ def test_every_method_declares_its_flags_presets_and_checkpoint_names():
 
 
 def test_the_families_presets_and_refusals_are_derived_from_the_needs():
-    lacks = layerwise_options.LACKS
-    assert set(lacks) == set(registry.NEEDS)
-    derived = depth.presets_for(lacks)
+    # layerwise_transformer offers every need now; its presets keep the options they were
+    # registered with while it lacked separate inputs (MUDD's residual way)
+    assert layerwise_options.LACKS == {}
+    derived = depth.presets_for(layerwise_options.PRESETS_AS_WITHOUT)
     assert layerwise_presets.LAYERWISE_DEPTH == derived
-    # MUDD's query/key/value ways need separate inputs: the seq2seq preset is its remedy's
-    assert derived["mudd"] == {"mudd": True, "mudd_ways": "r"}
-    assert "value_residual" not in derived  # no remedy for a value hook
-    assert set(derived) == set(depth.PRESETS) - {"value_residual"}
-    flags = depth.weight_flags(registry.SIDES, lacks)
-    assert "--mudd --mudd-ways r" in flags and "--value-residual" not in flags
-    assert flags[:2] == ["--encoder-fusion", "--decoder-fusion"]
-    assert "--value-residual" in depth.weight_flags(("decoder",))
+    assert derived["mudd"] == {"mudd": True, "mudd_ways": "r"}  # the remedy's options
+    assert set(derived) == set(depth.PRESETS)
+    assert depth.presets_for({})["mudd"] == {"mudd": True}
+    # a need no remedy meets drops the preset
+    assert "value_residual" not in depth.presets_for({registry.VALUE_HOOK: "why not"})
+    flags = depth.weight_flags(registry.SIDES, {registry.SEPARATE_INPUTS: "why not"})
+    assert "--mudd --mudd-ways r" in flags and "--value-residual" in flags
+    assert "--value-residual" not in depth.weight_flags(registry.SIDES,
+                                                        {registry.VALUE_HOOK: "why not"})
+    flags = depth.weight_flags(registry.SIDES)
+    assert flags[:2] == ["--encoder-fusion", "--decoder-fusion"] and "--mudd" in flags
 
 
 def test_an_unmet_need_is_one_line_naming_the_family_why_and_the_remedy():

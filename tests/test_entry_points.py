@@ -402,8 +402,10 @@ def test_log_layer_weights_on_a_model_without_layer_weights_is_a_build_time_erro
     pre_norm = ["--encoder-normalize-before", "--decoder-normalize-before"]
     for build, arch, extra, expect, refused in (
             (build_translation_model, "layerwise_transformer_tiny", pre_norm,
-             ["--encoder-fusion", "--bridge fc", "--bridge transparent", "--mhc"],
-             ["--value-residual"]),
+             # every depth connection, MUDD's four ways and value residual included (the
+             # seq2seq self-attention takes them: modules/depth_self_attention.py)
+             ["--encoder-fusion", "--bridge fc", "--bridge transparent", "--mhc", "--mudd",
+              "--value-residual"], ["--mudd --mudd-ways r"]),
             (build_language_model, "gpt_baseline_lm_tiny", [],
              ["--decoder-fusion", "--mhc", "--value-residual"], ["--encoder-fusion", "--bridge"]),
             (build_language_model, "ar_encdec_lm_tiny", [],

@@ -20,19 +20,21 @@ modules. Options of fairseq's layers that have no place in that order (``--cross
 ``--scale-attn/-heads/-fc/-resid``) are rejected at model build time (see
 ``models/layerwise/options.py``).
 """
+import copy
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from fairseq.modules import LayerNorm
+from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
 
 from .causal_cross_attention import CausalCrossAttention
+from .depth_self_attention import DepthSelfAttention
 from .cross_attention import STANDARD, build_cross_attention
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
 from ..depth.fusion import FusionOptions
@@ -56,6 +58,7 @@ class _DepthSublayers:
 
     def _init_fusion(self, cfg, embed_dim, options: LayerOptions):
         self.options = options
+        self.key_layer_norm = self.value_layer_norm = None  # see read_separate_inputs
         if options.fusion is not None:
             self.fuse_attn = FuseAttention.from_options(embed_dim, options.fusion,
                                                         cfg.attention_dropout)
@@ -63,6 +66,58 @@ class _DepthSublayers:
         else:
             self.fuse_attn = None
             self.fuse_attn_layer_norm = None
+
+    @staticmethod
+    def _depth_self_attention(attention: MultiheadAttention) -> DepthSelfAttention:
+        """fairseq's self-attention module as built by the parent (same arguments, parameters
+        and initialisation), with the forward of :class:`DepthSelfAttention`, which adds only
+        methods."""
+        if type(attention) is not MultiheadAttention:
+            raise TypeError(f"expected fairseq's MultiheadAttention, got {type(attention)}")
+        attention.__class__ = DepthSelfAttention
+        return attention
+
+    def read_separate_inputs(self):
+        """Give the self-attention's key and value inputs LayerNorms of their own (the depth
+        connection feeds them separately: MUDD), initialised as ``self_attn_layer_norm`` (equal
+        inputs then give equal normalised inputs). Called by the stack at build time, once its
+        connection is built (after the layers, so that every other parameter keeps its
+        initialisation); LayerNorms draw no random numbers."""
+        norm = self.self_attn_layer_norm
+        self.key_layer_norm = copy.deepcopy(norm)
+        self.value_layer_norm = copy.deepcopy(norm)
+
+    def upgrade_separate_inputs(self, state_dict, name):
+        """A checkpoint without the key / value LayerNorms (a model trained without separate
+        inputs): they start as copies of its self-attention LayerNorm."""
+        if self.key_layer_norm is None:
+            return
+        prefix = f"{name}." if name else ""
+        source = f"{prefix}self_attn_layer_norm."
+        for key, value in list(state_dict.items()):
+            if key.startswith(source):
+                for norm in ("key_layer_norm", "value_layer_norm"):
+                    state_dict.setdefault(f"{prefix}{norm}.{key[len(source):]}", value.clone())
+
+    def _self_attention(self, state: StackState, depth: Depth, **attention):
+        """The self-attention sub-layer: x -> attn(LN(x)) (or attn(x) post-norm) written back
+        through the connection; its keys and values from the connection's separate inputs where
+        it gives them, its values through the connection's hook where it has one (value
+        residual). ``attention``: the masks and the incremental state."""
+        index = self.options.index
+        inputs, token = depth.read(state, index, SELF)
+        norm = self.self_attn_layer_norm
+        x = norm(inputs.query) if self.normalize_before else inputs.query
+        key = value = x
+        if inputs.key is not None:
+            if self.key_layer_norm is None:
+                raise RuntimeError(f"layer {index}: the connection gives separate key / value "
+                                   "inputs and the layer has no LayerNorms for them")
+            key, value = self.key_layer_norm(inputs.key), self.value_layer_norm(inputs.value)
+        out, _ = self.self_attn(query=x, key=key, value=value, need_weights=False,
+                                value_mix=depth.value_mix(state, index), **attention)
+        depth.write(state, index, SELF, self.dropout_module(out), token,
+                    post_norm=None if self.normalize_before else norm)
 
     @staticmethod
     def layout(fuses: bool, cross: bool = False) -> Tuple[str, ...]:
@@ -109,6 +164,13 @@ class LayerwiseEncoderLayer(_DepthSublayers, TransformerEncoderLayerBase):
         super().__init__(cfg)
         self._init_fusion(cfg, self.embed_dim, options)
 
+    def build_self_attention(self, embed_dim, cfg):
+        return self._depth_self_attention(super().build_self_attention(embed_dim, cfg))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        self.upgrade_separate_inputs(state_dict, name)
+
     def forward(self, state: StackState, depth: Depth, encoder_padding_mask: Optional[Tensor],
                 attn_mask: Optional[Tensor] = None):
         """Runs the layer on ``state``; returns nothing."""
@@ -118,10 +180,8 @@ class LayerwiseEncoderLayer(_DepthSublayers, TransformerEncoderLayerBase):
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool),
                                               -1e8 if state.stream.dtype == torch.float32
                                               else -1e4)
-        self._sublayer(state, depth, SELF, self.self_attn_layer_norm,
-                       lambda x: self.self_attn(query=x, key=x, value=x,
-                                                key_padding_mask=encoder_padding_mask,
-                                                need_weights=False, attn_mask=attn_mask))
+        self._self_attention(state, depth, key_padding_mask=encoder_padding_mask,
+                             attn_mask=attn_mask)
         self._fuse(state, depth, key_padding_mask=encoder_padding_mask)
         self._sublayer(state, depth, FFN, self.final_layer_norm, self._ffn)
 
@@ -148,6 +208,13 @@ class LayerwiseDecoderLayer(_DepthSublayers, TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         self._init_fusion(cfg, self.embed_dim, options)
 
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return self._depth_self_attention(super().build_self_attention(
+            embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        self.upgrade_separate_inputs(state_dict, name)
+
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention_kind == STANDARD:
             return super().build_encoder_attention(embed_dim, cfg)
@@ -169,11 +236,8 @@ class LayerwiseDecoderLayer(_DepthSublayers, TransformerDecoderLayerBase):
         self._check_called_by_stack(state)
         if need_head_weights:
             need_attn = True
-        self._sublayer(state, depth, SELF, self.self_attn_layer_norm,
-                       lambda x: self.self_attn(query=x, key=x, value=x,
-                                                key_padding_mask=self_attn_padding_mask,
-                                                incremental_state=incremental_state,
-                                                need_weights=False, attn_mask=self_attn_mask))
+        self._self_attention(state, depth, key_padding_mask=self_attn_padding_mask,
+                             incremental_state=incremental_state, attn_mask=self_attn_mask)
         attn = None
         if encoder_out is not None and encoder_out.dim() == 4:  # the bridge's memories
             encoder_out = encoder_out[:, :, self.options.index]

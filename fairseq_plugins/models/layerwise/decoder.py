@@ -36,7 +36,7 @@ class LayerwiseTransformerDecoder(TransformerDecoderBase):
         self.depth = build_depth(
             cfg, "decoder", self.stack_options,
             [LayerwiseDecoderLayer.layout(layer.fusion is not None, not no_encoder_attn)
-             for layer in self.stack_options.layers], cfg.decoder.embed_dim)
+             for layer in self.stack_options.layers], cfg.decoder.embed_dim, self.layers)
         if getattr(cfg, "final_logits_bias", False):
             # a buffer: saved and loaded with the model, never trained (as in Marian)
             self.register_buffer("final_logits_bias", torch.zeros(len(dictionary)))

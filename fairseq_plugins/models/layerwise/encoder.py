@@ -15,13 +15,18 @@ from . import bridge, marian
 from .options import resolve_stack
 
 
-def build_depth(cfg, side: str, stack_options, layouts, embed_dim: int):
-    """The stack's depth connections (None where its layers are fairseq's own)."""
+def build_depth(cfg, side: str, stack_options, layouts, embed_dim: int, layers):
+    """The stack's depth connections (None where its layers are fairseq's own); ``layers``,
+    built before them, are told which of their self-attentions read separate inputs."""
     if not stack_options.layerwise:
         return None
-    return depth_connections.build(cfg, side, layouts, embed_dim, fusion=stack_options.fusion,
-                                   pre_norm=getattr(cfg, f"{side}_normalize_before"),
-                                   pre_norm_flag=config.both_spellings(f"{side}_normalize_before"))
+    depth = depth_connections.build(cfg, side, layouts, embed_dim, fusion=stack_options.fusion,
+                                    pre_norm=getattr(cfg, f"{side}_normalize_before"),
+                                    pre_norm_flag=config.both_spellings(f"{side}_normalize_before"))
+    for i, layer in enumerate(layers):
+        if depth.separate_inputs(i):
+            layer.read_separate_inputs()
+    return depth
 
 
 def move_depth_averages(state_dict, name: str):
@@ -57,7 +62,7 @@ class LayerwiseTransformerEncoder(TransformerEncoderBase):
         self.depth = build_depth(
             cfg, "encoder", self.stack_options,
             [LayerwiseEncoderLayer.layout(layer.fusion is not None)
-             for layer in self.stack_options.layers], cfg.encoder.embed_dim)
+             for layer in self.stack_options.layers], cfg.encoder.embed_dim, self.layers)
         self.bridge = bridge.build(cfg)
 
     def upgrade_state_dict_named(self, state_dict, name):

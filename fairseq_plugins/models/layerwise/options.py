@@ -25,15 +25,15 @@ from . import bridge, cross_attention, marian
 # flag also changes the layers: their fuse-attention sub-layers, resolved by fusion.resolve)
 FEATURES = (bridge, cross_attention, marian)
 
-# what this family's stacks do not offer a depth connection (depth.registry.NEEDS), and why:
-# fairseq's MultiheadAttention (these layers' self-attention) takes keys and values from the
-# passed tensors on its training path but re-projects them from the query on its incremental
-# path, so separate key/value inputs, or values mixed after their projection, would make
-# training and generation compute different functions
-_WHY = ("its self-attention is fairseq's MultiheadAttention, which re-projects keys and values "
-        "from the query when decoding incrementally; the language models gpt_baseline_lm and "
-        "ar_encdec_lm offer it")
-LACKS = {registry.SEPARATE_INPUTS: _WHY, registry.VALUE_HOOK: _WHY}
+# what this family's stacks do not offer a depth connection (depth.registry.NEEDS), and why: its
+# self-attention (modules/depth_self_attention.py) takes separate key / value inputs and a
+# values' hook on both of its paths, so nothing
+LACKS = {}
+# the seq2seq presets (<preset>_transformer...) keep the options they were registered with while
+# this family lacked separate key / value inputs (MUDD's residual way only): an arch's name keeps
+# its meaning; the flags give every option
+PRESETS_AS_WITHOUT = {
+    registry.SEPARATE_INPUTS: "the preset keeps the options it was registered with"}
 
 # fairseq's transformer options, flattened as its flags (--encoder-embed-dim, ...)
 FairseqTransformerOptions = config.flat_dataclass("FairseqTransformerOptions", TransformerConfig)
