@@ -1,9 +1,11 @@
 """``--log-layer-weights``: each method's own layer weights logged while training.
 
-Every module of this package that combines layers says what its weights are through
-``logged_weights() -> Dict[str, Tensor]`` (scalars, detached): the DWA alphas, the FC bridge's
-block norms, transparent attention's weights, fuse-attention's mean weight per (layer, state)
-pair over the tokens of the last forward pass. With the option on, a model logs them with
+Every module of this package that combines layers offers its weights one way: it is a
+:class:`WeightSource` (``logged_weights() -> Dict[str, Tensor]``, scalars, detached): the DWA
+alphas, the FC bridge's block norms, transparent attention's weights, the depth connections'
+static weights, fuse-attention's mean weight per (layer, state) pair over the tokens of the last
+training pass. A model finds its sources by that type once, at build time, and calls
+:meth:`WeightSource.start_logging` on each. With the option on, a model logs them with
 fairseq's metrics after each training forward pass, as ``lw_<module path>_<name>``; fairseq
 averages them over the ``--log-interval`` like its own training statistics and writes them to
 TensorBoard (``--tensorboard-logdir``), to the progress bar and to the JSON log. Off by default:
@@ -31,10 +33,24 @@ class WeightLoggingConfig(FairseqDataclass):
                "TensorBoard with --tensorboard-logdir")
 
 
-def sources(model: nn.Module) -> Dict[str, nn.Module]:
-    """{module path: module} of every sub-module that has ``logged_weights``."""
+class WeightSource:
+    """A module that offers weights to ``--log-layer-weights`` (a base beside ``nn.Module``)."""
+
+    def logged_weights(self) -> Dict[str, Tensor]:
+        """{name: scalar tensor, detached}: the weights now (statistics of a training pass: of
+        the last one, once :meth:`start_logging` was called; none before one)."""
+        raise NotImplementedError
+
+    def start_logging(self):
+        """From now on a training pass also computes the statistics of the pass that
+        :meth:`logged_weights` reports (called once, when the model starts logging); a source
+        whose weights are parameters has nothing to start."""
+
+
+def sources(model: nn.Module) -> Dict[str, WeightSource]:
+    """{module path: module} of every sub-module that is a :class:`WeightSource`."""
     return {name: module for name, module in model.named_modules()
-            if callable(getattr(module, "logged_weights", None))}
+            if isinstance(module, WeightSource)}
 
 
 def collect(found: Dict[str, nn.Module]) -> Dict[str, Tensor]:
@@ -63,8 +79,7 @@ class LogsLayerWeights:
             raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log; "
                              f"switch on a method that has them: {', '.join(offers)}")
         for module in found.values():
-            if hasattr(module, "log_weights"):
-                module.log_weights = True
+            module.start_logging()
         self.layer_weight_sources = found
         self.log_layer_weights = True
 

@@ -110,3 +110,24 @@ def test_a_flag_per_stack_is_on_in_its_own_stack_only():
     assert depth.active_flags(Args, "decoder") == ["--mudd"]
     assert depth.active_flags(Args, "encoder") == ["--encoder-fusion", "--mudd"]
     assert depth.active_flags(Args) == ["--encoder-fusion", "--mudd"]
+
+
+def test_every_module_with_weights_to_log_offers_them_one_way():
+    """A module offers weights to --log-layer-weights by being a WeightSource (found by type
+    at build time); no other module of the package defines logged_weights."""
+    import inspect
+
+    from fairseq_plugins import weight_logging
+    offering = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(item, ast.FunctionDef) and item.name == "logged_weights"
+                    for item in node.body):
+                offering.add(node.name)
+    assert len(offering) >= 9
+    classes = {name: cls for module in list(__import__("sys").modules.values())
+               if getattr(module, "__name__", "").startswith("fairseq_plugins")
+               for name, cls in inspect.getmembers(module, inspect.isclass)}
+    assert all(issubclass(classes[name], weight_logging.WeightSource) for name in offering), \
+        [name for name in offering if not issubclass(classes[name], weight_logging.WeightSource)]

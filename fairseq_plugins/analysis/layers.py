@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
+from ..weight_logging import WeightSource
 from .cka import CKAAccumulator, all_pairs
 from .updates import UpdateRecorder, check_complete, merge_means, relative_norms
 
@@ -301,7 +302,7 @@ def layer_weights(model) -> Dict:
         if isinstance(depth, Depth):
             weights = {f"{sub}.{key}" if sub else key: float(value)
                        for sub, module in depth.named_modules()
-                       if callable(getattr(module, "logged_weights", None))
+                       if isinstance(module, WeightSource)
                        for key, value in module.logged_weights().items()}
             if weights:
                 out.setdefault("depth_connections", {})[name] = weights

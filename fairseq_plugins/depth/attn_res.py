@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from ..weight_logging import WeightSource
 from . import fused
 from .multi_stream import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
@@ -51,6 +52,10 @@ from .registry import Method, Stack
 
 KINDS = ("none", "full", "block")
 RMS_EPS = 1e-6
+
+
+# the defaults the method fills in for the options left None (the one place of each)
+DEFAULTS = {"attn_res_blocks": 4}
 
 
 @dataclass
@@ -62,7 +67,7 @@ class AttnResConfig(FairseqDataclass):
                 "(block) instead of the residual sum", choices=KINDS)
     attn_res_blocks: Optional[int] = option(
         None, "with --attn-res block: groups of consecutive layers per stack (N; must divide "
-              "every stack's layer count)", minimum=1, metavar="N", default_text="4")
+              "every stack's layer count)", minimum=1, metavar="N", default_text=str(DEFAULTS["attn_res_blocks"]))
 
 
 PRESETS = {"attn_res": {"attn_res": "full"},  # <family>_<name>_tiny
@@ -70,7 +75,6 @@ PRESETS = {"attn_res": {"attn_res": "full"},  # <family>_<name>_tiny
 CONFIG = AttnResConfig
 FLAG = "--attn-res"  # the option that turns the method on (its errors name it)
 CHECKPOINT_NAMES = {"queries": FLAG, "key_gains": FLAG}  # what a mismatched checkpoint is named by
-DEFAULTS = {"attn_res_blocks": 4}
 
 
 def active(args) -> bool:
@@ -132,7 +136,7 @@ class _WeightedSum(torch.autograd.Function):
                               for weight, v in zip(weights, sources)))
 
 
-class AttentionResiduals(Connection):
+class AttentionResiduals(WeightSource, Connection):
     """Full (``groups`` None) or Block AttnRes over the sub-layers of ``layout``.
 
     Parameters, over the K sub-layers and the readout (row K): ``queries`` (K+1) x C (the
@@ -197,6 +201,11 @@ class AttentionResiduals(Connection):
             raise ValueError(f"the checkpoint's Attention Residuals were trained with "
                              f"{flags(stored)}, this model has {flags(int(self.grouping))}: "
                              "use the checkpoint's")
+
+    def start_logging(self):
+        """A training pass also keeps the mean depth weights (an evaluation pass always does,
+        for the layer analysis)."""
+        self.log_weights = True
 
     def accepts_fused(self, where: str) -> bool:
         """The depth mix's weighted sum has a kernel for any number of sources."""

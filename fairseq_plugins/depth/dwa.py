@@ -18,6 +18,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..weight_logging import WeightSource
 from .interface import Connection, Layout, StackState
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def identity_weights(num_inputs: int) -> Tensor:
     return weights
 
 
-class DepthWeightedAverage(nn.Module):
+class DepthWeightedAverage(WeightSource, nn.Module):
     """One DWA: ``weight`` holds alpha over ``inputs`` (indices into the stack's states).
 
     forward(states) with states = [x_0, ..., x_s] (each T x B x C) -> T x B x C.

@@ -47,6 +47,10 @@ from .registry import Method, Stack
 KINDS = ("none", "static", "dynamic")
 
 
+# the defaults the method fills in for the options left None (the one place of each)
+DEFAULTS = {"frac_rate": 4}
+
+
 @dataclass
 class FracConnectionsConfig(FairseqDataclass):
     """Flags ``--frac-connections`` ...; hydra ``model.frac_connections`` ..."""
@@ -56,14 +60,13 @@ class FracConnectionsConfig(FairseqDataclass):
         choices=KINDS)
     frac_rate: Optional[int] = option(
         None, "with --frac-connections: fractions per hidden state (m; must divide the "
-              "embedding dimension)", minimum=1, metavar="M", default_text="4")
+              "embedding dimension)", minimum=1, metavar="M", default_text=str(DEFAULTS["frac_rate"]))
 
 
 PRESETS = {"frac_connections": {"frac_connections": "dynamic"}}  # <family>_<name>_tiny
 CONFIG = FracConnectionsConfig
 FLAG = "--frac-connections"  # the option that turns the method on (its errors name it)
 CHECKPOINT_NAMES = {"static_alpha": FLAG, "dynamic_alpha": FLAG}  # as Hyper-Connections'
-DEFAULTS = {"frac_rate": 4}
 
 
 def active(args) -> bool:

@@ -48,6 +48,10 @@ KINDS = ("none", "static", "dynamic")
 READOUTS = ("mean", "sum")
 
 
+# the defaults the method fills in for the options left None (the one place of each)
+DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
+
+
 @dataclass
 class HyperConnectionsConfig(FairseqDataclass):
     """Flags ``--hyper-connections`` ...; hydra ``model.hyper_connections`` ..."""
@@ -56,11 +60,11 @@ class HyperConnectionsConfig(FairseqDataclass):
                 "static or dynamic connection weights", choices=KINDS)
     hc_expansion_rate: Optional[int] = option(
         None, "with --hyper-connections: residual streams per position (the paper's n)",
-        minimum=1, metavar="N", default_text="4")
+        minimum=1, metavar="N", default_text=str(DEFAULTS["hc_expansion_rate"]))
     hc_readout: Optional[str] = option(
         None, "with --hyper-connections: how the streams are reduced at the top of a stack "
               "(the paper sums; mean keeps a stack read without a norm at the plain model's "
-              "scale)", choices=READOUTS, default_text="mean")
+              "scale)", choices=READOUTS, default_text=str(DEFAULTS["hc_readout"]))
 
 
 PRESETS = {"hyper_connections": {"hyper_connections": "dynamic"}}  # <family>_<name>_tiny
@@ -69,7 +73,6 @@ FLAG = "--hyper-connections"  # the option that turns the method on (its errors 
 # the weights' names (a component of their state-dict keys) -> the option that makes them: a
 # checkpoint that has them, loaded into a model without them or the reverse, is named by it
 CHECKPOINT_NAMES = {"static_alpha": FLAG, "dynamic_alpha": FLAG}
-DEFAULTS = {"hc_expansion_rate": 4, "hc_readout": "mean"}
 
 
 def active(args) -> bool:

@@ -18,8 +18,8 @@ and inside block i, every pre-norm sub-layer named s (:data:`SELF`, :data:`CROSS
     depth.write(state, i, s, dropout(out), token)
 
 :class:`Connection` is the plain residual (``x + f(LN(x))``); a method subclasses it and
-overrides the hooks it changes (and defines ``logged_weights()`` where it has weights to show,
-for ``--log-layer-weights``):
+overrides the hooks it changes (and is a ``weight_logging.WeightSource`` where it has weights to
+show, for ``--log-layer-weights``):
 
 - what block i reads from the history of the stack (``history``: x_0 and every block's output,
   kept where a method asks for it): :meth:`Connection.end_block` (DWA, MUDD);

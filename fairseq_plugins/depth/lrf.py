@@ -21,12 +21,13 @@ from torch.utils.checkpoint import checkpoint
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
+from ..weight_logging import WeightSource
 from .interface import StackState
 
 PER_TOKEN, ALL_POSITIONS = "per-token", "all-positions"
 
 
-class FuseAttention(nn.Module):
+class FuseAttention(WeightSource, nn.Module):
     """Multi-head attention of each token over its own lower-layer outputs.
 
     The parameters are those of a fairseq :class:`MultiheadAttention` (own Q/K/V/O projections,
@@ -44,9 +45,9 @@ class FuseAttention(nn.Module):
 
     Set ``keep_weights = True`` to keep the last call's attention weights in ``last_weights``
     (B x H x T x L, L = number of lower states attended); off by default, so no cost otherwise.
-    ``log_weights = True`` (``--log-layer-weights``) keeps only their mean per state over the
-    heads and the positions of the last training call (padding included: the module does not
-    see the mask), for :meth:`logged_weights`.
+    Once logging (:meth:`start_logging`, ``--log-layer-weights``) it keeps only their mean per
+    state over the heads and the positions of the last training call (padding included: the
+    module does not see the mask), for :meth:`logged_weights`.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
@@ -187,6 +188,10 @@ class FuseAttention(nn.Module):
         mixed = torch.bmm(a.dropout_module(probs).view(bsz * heads, tgt_len, -1), v)
         out = a.out_proj(mixed.transpose(0, 1).reshape(tgt_len, bsz, dim))
         return out, probs.transpose(0, 1)
+
+    def start_logging(self):
+        """A training pass also keeps the mean weight per state."""
+        self.log_weights = True
 
     def recomputes(self) -> bool:
         """Whether the sub-layer around this module runs under :func:`run_sublayer`'s

@@ -71,6 +71,11 @@ HOME = 0.75  # the residual init's weight on the home stream / the diagonal / th
 LITE_MAX_STREAMS = 4  # n! permutations: 24 at n = 4
 
 
+# the defaults the method fills in for the options left None (the one place of each)
+DEFAULTS = {"mhc_expansion_rate": 4, "mhc_sinkhorn_iterations": 20, "mhc_init": "residual",
+            "mhc_readout": "learned"}
+
+
 @dataclass
 class MHCConfig(FairseqDataclass):
     """Flags ``--mhc`` ...; hydra ``model.mhc`` ..."""
@@ -81,26 +86,24 @@ class MHCConfig(FairseqDataclass):
         choices=KINDS)
     mhc_expansion_rate: Optional[int] = option(
         None, "with --mhc: residual streams per position (n; mHC-lite: at most 4)",
-        minimum=2, metavar="N", default_text="4")
+        minimum=2, metavar="N", default_text=str(DEFAULTS["mhc_expansion_rate"]))
     mhc_sinkhorn_iterations: Optional[int] = option(
         None, "with --mhc sinkhorn: Sinkhorn-Knopp iterations (columns, then rows)",
-        minimum=1, metavar="N", default_text="20")
+        minimum=1, metavar="N", default_text=str(DEFAULTS["mhc_sinkhorn_iterations"]))
     mhc_init: Optional[str] = option(
         None, "with --mhc: the biases' initialisation (residual: the model starts as the "
               "pre-norm residual stack; zeros: all biases 0)", choices=INITS,
-        default_text="residual")
+        default_text=str(DEFAULTS["mhc_init"]))
     mhc_readout: Optional[str] = option(
         None, "with --mhc: how the streams are reduced at the top of a stack (learned: a "
               "per-token sigmoid-weighted sum, starting as the mean)", choices=READOUTS,
-        default_text="learned")
+        default_text=str(DEFAULTS["mhc_readout"]))
 
 
 PRESETS = {"mhc": {"mhc": "sinkhorn"}, "mhc_lite": {"mhc": "lite"}}
 CONFIG = MHCConfig
 FLAG = "--mhc"  # the option that turns the method on (its errors name it)
 CHECKPOINT_NAMES = {"maps": FLAG, "bias_res": FLAG}  # what a mismatched checkpoint is named by
-DEFAULTS = {"mhc_expansion_rate": 4, "mhc_sinkhorn_iterations": 20, "mhc_init": "residual",
-            "mhc_readout": "learned"}
 
 
 def active(args) -> bool:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from ..weight_logging import WeightSource
 from . import fused
 from .interface import SELF, Connection, Inputs, Layout, StackState
 from .registry import SEPARATE_INPUTS, Method, Stack
@@ -45,7 +46,7 @@ class MuddConfig(FairseqDataclass):
                "separate for the query, key, value and residual inputs of every block")
     mudd_ways: Optional[str] = option(
         None, "with --mudd: qkvr (the paper's four ways) or r (the residual way only)",
-        choices=WAYS, default_text="qkvr")
+        choices=WAYS, default_text=WAYS[0])
 
 
 PRESETS = {"mudd": {"mudd": True}}  # <family>_<name>_tiny
@@ -129,7 +130,7 @@ class DepthAggregate(nn.Module):
         return outs
 
 
-class Mudd(Connection):
+class Mudd(WeightSource, Connection):
     """MUDD connections over a stack of ``layout`` (every block's first sub-layer is its
     self-attention). ``aggregates[i]``: the DA after block i."""
 

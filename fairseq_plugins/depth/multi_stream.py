@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import fused
+from ..weight_logging import WeightSource
 from .interface import Connection, Inputs, Layout, StackState
 from .recompute import Recompute
 
@@ -29,7 +30,7 @@ def mean_square(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.size(-1)
 
 
-class MultiStream(Connection):
+class MultiStream(WeightSource, Connection):
     """n residual streams per position (T x B x n x w) mixed around every sub-layer by
     per-sub-layer weights: the machinery Hyper-Connections, its constrained variants and
     Frac-Connections share. A subclass gives :meth:`weights`: for sub-layer k and the streams H,
@@ -47,10 +48,11 @@ class MultiStream(Connection):
     norms nor a product over the streams. At the top, the ``mean`` or the ``sum`` of the streams
     (R = 1), or their concatenation (``concat``, R = n).
 
-    With ``log_weights`` (``--log-layer-weights``) a training pass also composes the mixing
-    matrices A_r^T of all sub-layers per position (the product across depth, as the mHC paper's
-    stability diagnostic) and keeps its "Amax gain" in ``amax_gain``: the largest absolute row
-    sum (forward) and column sum (backward) of the composite, the maximum over the positions."""
+    Once logging (:meth:`start_logging`, ``--log-layer-weights``) a training pass also composes
+    the mixing matrices A_r^T of all sub-layers per position (the product across depth, as the
+    mHC paper's stability diagnostic) and keeps its "Amax gain" in ``amax_gain``: the largest
+    absolute row sum (forward) and column sum (backward) of the composite, the maximum over the
+    positions."""
 
     needs_pre_norm = True
     additive = False
@@ -67,6 +69,10 @@ class MultiStream(Connection):
                               for name in block[:-1]}
         self.log_weights = False
         self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
+
+    def start_logging(self):
+        """A training pass also composes the mixing matrices for the Amax gain."""
+        self.log_weights = True
 
     def accepts_fused(self, where: str) -> bool:
         """The stream product's kernel takes up to ``fused.MAX_STREAMS`` streams."""

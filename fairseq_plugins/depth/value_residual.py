@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
+from ..weight_logging import WeightSource
 from .interface import StackState
 from .registry import VALUE_HOOK, VALUES, Method, Stack
 
@@ -58,7 +59,7 @@ METHOD = Method("value_residual", FLAG, CONFIG, active, build, PRESETS, role=VAL
                 needs=lambda args: frozenset({VALUE_HOOK}), checkpoint_names=CHECKPOINT_NAMES)
 
 
-class ValueResidual(nn.Module):
+class ValueResidual(WeightSource, nn.Module):
     """``lambdas``: num_blocks x 2 (row n: block n's (lambda_1, lambda_2); row 0 unused), a
     parameter when learnable, else a buffer of 0.5."""
 

@@ -19,12 +19,14 @@ from typing import Dict, List
 import torch
 from torch import Tensor, nn
 
+from ..weight_logging import WeightSource
+
 logger = logging.getLogger(__name__)
 
 BRIDGE_INITS = ("original", "gca", "uniform", "random")
 
 
-class LayerBridge(nn.Module):
+class LayerBridge(WeightSource, nn.Module):
     """Args:
         embed_dim: d.
         num_states: N, the number of encoder states concatenated (layers, + embedding output).

@@ -18,10 +18,12 @@ from typing import Dict, List
 import torch
 from torch import Tensor, nn
 
+from ..weight_logging import WeightSource
+
 logger = logging.getLogger(__name__)
 
 
-class TransparentAttention(nn.Module):
+class TransparentAttention(WeightSource, nn.Module):
     """``weight``: N_dec x (N + 1) logits. forward(states) with states = [h_0, ..., h_N], each
     S x B x C -> the decoder layers' memories, N_dec x S x B x C (the FC bridge's layout)."""
 
