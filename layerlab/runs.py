@@ -7,6 +7,7 @@ unfinished run starts again from scratch (fairseq-train would otherwise resume f
 ``checkpoint_last.pt`` and train a different number of updates).
 """
 import concurrent.futures
+import contextlib
 import json
 import os
 import shlex
@@ -30,15 +31,22 @@ def diverged(error):
     return "FloatingPointError" in str(error) or "nan" in str(error).lower()
 
 
-def run_logged(cmd, log=None, append=False):
+def run_logged(cmd, log=None, append=False) -> float:
     """Run ``cmd`` (output into the file ``log`` when given, after what it holds with
-    ``append``, else to the terminal); raise :class:`StepError` when it fails."""
+    ``append``, else to the terminal) -> its CPU seconds (user + system, its own children
+    included); raise :class:`StepError` when it fails."""
     cmd = [str(c) for c in cmd]
-    if log is None:
-        proc = subprocess.run(cmd)
-    else:
-        with open(log, "a" if append else "w") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    with open(log, "a" if append else "w") if log else contextlib.nullcontext() as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT if f else None)
+        try:
+            # wait4: this child's own resource usage (other runs of a pool not mixed in)
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu_seconds = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
         tail = ""
         if log:
@@ -46,6 +54,7 @@ def run_logged(cmd, log=None, append=False):
                 tail = f.read()[-3000:]
         raise StepError(f"command failed (exit {proc.returncode}): {shlex.join(cmd[:3])} ..."
                         f"{' see ' + log if log else ''}\n{tail}")
+    return cpu_seconds
 
 
 def train_command(data, run_dir, seed, flags):

@@ -347,6 +347,9 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
     assert np.array_equal(np.load(run / "test_blocks.npy"), np.load(whole / "test_blocks.npy"))
     assert resumed["train_losses"] == uninterrupted["train_losses"]
     assert len(resumed["train_losses"]) == 4
+    # its CPU time: known for the run that trained in one process, unknown (not a part) for the
+    # one whose first process was killed
+    assert uninterrupted["train_cpu_seconds"] > 0 and resumed["train_cpu_seconds"] is None
     assert not any(p.suffix == ".pt" or p.name == "started.json" for p in run.iterdir())
 
 

@@ -100,6 +100,10 @@ VERDICT_SEEDS = 3
 # what --keep-runs keeps of a finished run: all that the report and the figures read
 KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analysis.json"))
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
+# the CPU seconds of each fairseq-train process of a run so far (a resumed run has several);
+# null for a process that did not end normally (killed: its time is unknown), and no file for a
+# run begun before the count was kept: then the run's count is incomplete (null in result.json)
+CPU_SECONDS = "cpu_seconds.json"
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
 # glibc's malloc settings for the training processes: with its defaults every tensor above the
@@ -282,6 +286,11 @@ def copy_files(source, target):
             shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
 
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
 def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     done = finished_run(run_dir, kept_dir, recipe)
     if done is not None:
@@ -296,6 +305,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         runs.fresh_run_dir(run_dir)
         with open(started, "w") as f:
             json.dump(recipe, f)
+        _write_json(os.path.join(run_dir, CPU_SECONDS), [])
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
@@ -306,8 +316,12 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
               "--keep-interval-updates", 1] if args.save_interval_updates else [])
     if args.curve_interval:  # fairseq keeps every interval checkpoint at a curve point
         saves += ["--keep-interval-updates-pattern", args.curve_interval]
+    cpu_file = os.path.join(run_dir, CPU_SECONDS)
+    segments = runs.read_json(cpu_file)
+    if segments is not None:  # this process's place, filled in when it ends
+        _write_json(cpu_file, segments + [None])
     try:
-        runs.run_logged(runs.train_command(args.data, run_dir, seed, [
+        cpu = runs.run_logged(runs.train_command(args.data, run_dir, seed, [
             "--arch", arch, *flags, *args_recipe_flags(args), *saves]), log, append=resumed)
     except runs.StepError as e:
         # a loss that became NaN / inf is a result of the row (reported as diverged), any
@@ -325,8 +339,15 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         losses.append(float(record["loss"]))
         gains.update({key.split("connection_")[-1]: float(value)
                       for key, value in record.items() if "amax_gain" in key})
+    # CPU time, unlike the wall clock, counts neither a pause (SIGSTOP while CI runs) nor the
+    # other runs sharing the machine, and adds up over the processes of a resumed run
+    if segments is not None:
+        segments.append(round(cpu, 1))
+        _write_json(cpu_file, segments)
+    complete = segments is not None and None not in segments
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
+                  train_cpu_seconds=round(sum(segments), 1) if complete else None,
                   amax_gain=gains or None)
     if seed == args.seeds[0]:
         runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoint,
