@@ -28,7 +28,7 @@ from . import (attn_res, frac_connections, fused, fusion, hyper_connections, mhc
                multi_stream, recompute, value_residual, weight_decay)
 from .interface import Connection, Depth, Layout
 from . import registry
-from .registry import NEEDS, STREAM, VALUES, Method, Stack, unmet
+from .registry import STREAM, Method, Stack, unmet
 
 # every depth connection, one line each: a new method is its module and one line here
 METHODS: Tuple[Method, ...] = (

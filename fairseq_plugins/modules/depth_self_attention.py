@@ -88,3 +88,18 @@ class DepthSelfAttention(MultiheadAttention):
         probs = probs.type_as(scores)
         mixed = torch.matmul(self.dropout_module(probs), v)  # B x H x T x hd
         return self.out_proj(mixed.permute(2, 0, 1, 3).reshape(length, bsz, dim))
+
+
+def norms_from_self_attention(state_dict, name: str):
+    """A checkpoint of a block without LayerNorms for separate key and value inputs (a model
+    trained without them) into one with them (``<name>.key_layer_norm``,
+    ``<name>.value_layer_norm``): they start as copies of the checkpoint's self-attention
+    LayerNorm, so that while the connection feeds the three inputs the same stream (its
+    initialisation) the block computes what the checkpoint's did. Norms the checkpoint has are
+    kept."""
+    prefix = f"{name}." if name else ""
+    source = f"{prefix}self_attn_layer_norm."
+    for key, value in list(state_dict.items()):
+        if key.startswith(source):
+            for norm in ("key_layer_norm", "value_layer_norm"):
+                state_dict.setdefault(f"{prefix}{norm}.{key[len(source):]}", value.clone())

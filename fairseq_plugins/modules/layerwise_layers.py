@@ -34,7 +34,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from .causal_cross_attention import CausalCrossAttention
-from .depth_self_attention import DepthSelfAttention
+from .depth_self_attention import DepthSelfAttention, norms_from_self_attention
 from .cross_attention import STANDARD, build_cross_attention
 from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
 from ..depth.fusion import FusionOptions
@@ -90,14 +90,8 @@ class _DepthSublayers:
     def upgrade_separate_inputs(self, state_dict, name):
         """A checkpoint without the key / value LayerNorms (a model trained without separate
         inputs): they start as copies of its self-attention LayerNorm."""
-        if self.key_layer_norm is None:
-            return
-        prefix = f"{name}." if name else ""
-        source = f"{prefix}self_attn_layer_norm."
-        for key, value in list(state_dict.items()):
-            if key.startswith(source):
-                for norm in ("key_layer_norm", "value_layer_norm"):
-                    state_dict.setdefault(f"{prefix}{norm}.{key[len(source):]}", value.clone())
+        if self.key_layer_norm is not None:
+            norms_from_self_attention(state_dict, name)
 
     def _self_attention(self, state: StackState, depth: Depth, **attention):
         """The self-attention sub-layer: x -> attn(LN(x)) (or attn(x) post-norm) written back

@@ -19,6 +19,7 @@ from ..depth.interface import CROSS, FFN, FUSE, SELF, Depth, StackState
 from ..depth.fusion import FusionOptions
 from ..depth.lrf import FuseAttention, run_sublayer
 from . import precision
+from .depth_self_attention import norms_from_self_attention
 
 
 def layer_norm(dim: int, bias: bool) -> nn.LayerNorm:
@@ -226,14 +227,8 @@ class PreNormBlock(nn.Module):
         with them (MUDD): their LayerNorms start as copies of the checkpoint's self-attention
         LayerNorm, so that while the connection feeds the three inputs the same stream (its
         initialisation) the block computes what the checkpoint's did."""
-        if self.key_layer_norm is None:
-            return
-        prefix = f"{name}." if name else ""
-        source = f"{prefix}self_attn_layer_norm."
-        for key, value in list(state_dict.items()):
-            if key.startswith(source):
-                for norm in ("key_layer_norm", "value_layer_norm"):
-                    state_dict.setdefault(f"{prefix}{norm}.{key[len(source):]}", value.clone())
+        if self.key_layer_norm is not None:
+            norms_from_self_attention(state_dict, name)
 
     def _self(self, state: StackState, depth: Depth, incremental_state):
         inputs, token = depth.read(state, self.index, SELF)
