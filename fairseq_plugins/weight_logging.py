@@ -12,8 +12,9 @@ TensorBoard (``--tensorboard-logdir``), to the progress bar and to the JSON log.
 nothing is computed. The values are those of the process that logs (rank 0 in distributed
 training): parameters are the same on every rank, fuse-attention means are rank 0's batches.
 """
+import functools
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from torch import Tensor, nn
 
@@ -33,18 +34,39 @@ class WeightLoggingConfig(FairseqDataclass):
                "TensorBoard with --tensorboard-logdir")
 
 
+# what a source hands the statistics of one pass to: {name: scalar tensor, detached}
+Record = Callable[[Dict[str, Tensor]], None]
+
+
 class WeightSource:
-    """A module that offers weights to ``--log-layer-weights`` (a base beside ``nn.Module``)."""
+    """A module that offers weights to ``--log-layer-weights`` (a base beside ``nn.Module``):
+    its parameters' through :meth:`logged_weights`, the statistics of a pass (mean attention
+    weights, the Amax gain) by handing them, at the end of the pass, to the ``record`` it was
+    given by :meth:`start_logging`. Nothing of a pass is kept on the module."""
 
     def logged_weights(self) -> Dict[str, Tensor]:
-        """{name: scalar tensor, detached}: the weights now (statistics of a training pass: of
-        the last one, once :meth:`start_logging` was called; none before one)."""
-        raise NotImplementedError
+        """{name: scalar tensor, detached}: what the parameters say now."""
+        return {}
 
-    def start_logging(self):
-        """From now on a training pass also computes the statistics of the pass that
-        :meth:`logged_weights` reports (called once, when the model starts logging); a source
-        whose weights are parameters has nothing to start."""
+    def start_logging(self, record: Record):
+        """From now on, hand ``record`` the statistics of every pass that has them (each
+        source says which passes: the training ones, or every one); called once, by the model
+        that logs or by the layer analysis. A source whose weights are all parameters has
+        nothing to start."""
+
+
+def _keep(store: Dict[str, Dict[str, Tensor]], path: str, values: Dict[str, Tensor]):
+    store.setdefault(path, {}).update(values)
+
+
+def start_recording(found: Dict[str, WeightSource]) -> Dict[str, Dict[str, Tensor]]:
+    """Start every source of ``found`` ({module path: source}); returns the store the
+    statistics of the passes go to: {module path: {name: value}}, overwritten by each pass
+    (the caller clears it where it wants one pass's only)."""
+    store: Dict[str, Dict[str, Tensor]] = {}
+    for path, module in found.items():
+        module.start_logging(functools.partial(_keep, store, path))
+    return store
 
 
 def sources(model: nn.Module) -> Dict[str, WeightSource]:
@@ -53,11 +75,14 @@ def sources(model: nn.Module) -> Dict[str, WeightSource]:
             if isinstance(module, WeightSource)}
 
 
-def collect(found: Dict[str, nn.Module]) -> Dict[str, Tensor]:
-    """{metric name: scalar tensor} of the weights of ``found`` (:func:`sources`) now."""
+def collect(found: Dict[str, nn.Module],
+            passed: Optional[Dict[str, Dict[str, Tensor]]] = None) -> Dict[str, Tensor]:
+    """{metric name: scalar tensor} of the weights of ``found`` (:func:`sources`) now, and of
+    the statistics of the pass in ``passed`` (:func:`start_recording`'s store)."""
     out = {}
     for path, module in found.items():
-        for key, value in module.logged_weights().items():
+        values = {**module.logged_weights(), **(passed or {}).get(path, {})}
+        for key, value in values.items():
             out[f"{PREFIX}{path.replace('.', '_')}_{key}"] = value
     return out
 
@@ -78,15 +103,17 @@ class LogsLayerWeights:
         if not found:
             raise ValueError(f"--log-layer-weights: {arch} has no layer-combining weights to log; "
                              f"switch on a method that has them: {', '.join(offers)}")
-        for module in found.values():
-            module.start_logging()
         self.layer_weight_sources = found
+        self.layer_weights_of_the_pass = start_recording(found)
         self.log_layer_weights = True
 
     def forward(self, *args, **kwargs):
         """The model's forward; with ``--log-layer-weights``, a training pass logs the weights."""
+        if self.log_layer_weights:
+            self.layer_weights_of_the_pass.clear()  # this pass's statistics only
         out = super().forward(*args, **kwargs)
         if self.training and self.log_layer_weights:
-            for name, value in collect(self.layer_weight_sources).items():
+            for name, value in collect(self.layer_weight_sources,
+                                       self.layer_weights_of_the_pass).items():
                 metrics.log_scalar(name, value, weight=1, round=5)
         return out

@@ -337,12 +337,18 @@ def test_attn_res_sources_per_sub_layer():
     assert block.decoder.depth.connection.sources_at() == [1, 2, 2, 3, 3, 4, 4]
     one = _lm("gpt_baseline_lm_tiny", ATTN_RES["attn_res_block1"] + ["--layers", "3"])[0]
     assert one.decoder.depth.connection.sources_at() == [1, 2, 2, 2, 2, 2, 2]
-    # the weights the last pass used, per sub-layer and source (what the analysis reads)
+    # the weights a pass used, per sub-layer and source, handed to whoever started recording
+    # (the logger, the layer analysis); nothing of the pass is kept on the module
+    from fairseq_plugins.weight_logging import sources, start_recording
+    store = start_recording(sources(full))
     with torch.no_grad():
         full.eval()(_tokens())
-    weights = full.decoder.depth.connection.logged_weights()
+    weights = store["decoder.depth.connection"]
     assert len(weights) == sum(full.decoder.depth.connection.sources_at())
     assert weights["k3_s0"] == pytest.approx(1 / 4)  # uniform at initialisation
+    assert full.decoder.depth.connection.logged_weights() == {}
+    assert not any(isinstance(v, torch.Tensor)
+                   for v in vars(full.decoder.depth.connection).values())
 
 
 def test_value_residual_with_lambdas_one_zero_is_the_plain_model():

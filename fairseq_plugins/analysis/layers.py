@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from ..weight_logging import WeightSource
+from ..weight_logging import WeightSource, sources, start_recording
 from .cka import CKAAccumulator, all_pairs
 from .updates import UpdateRecorder, check_complete, merge_means, relative_norms
 
@@ -98,6 +98,8 @@ class LayerAnalysis:
         self.decomposition_error = 0.0
         self.fusion_sums: Dict[str, Dict[int, Tensor]] = {"encoder": {}, "decoder": {}}
         self.fusion_tokens = {"encoder": 0, "decoder": 0}
+        # what the depth connections report of each pass (AttnRes's mean weights): the last's
+        self.pass_weights = start_recording(sources(model))
         if self.seq2seq:
             self.num_encoder_states = len(model.encoder.layers) + 1
             enc = [f"encoder.{j}" for j in range(self.num_encoder_states)]
@@ -251,7 +253,7 @@ class LayerAnalysis:
                 "per_layer_and_head": {str(i + 1): (v / self.tokens).tolist()
                                        for i, v in sorted(self.entropy_sums.items())},
                 "uniform_mean": self.log_source_length / self.tokens}
-        out["layer_weights"] = layer_weights(self.model)
+        out["layer_weights"] = layer_weights(self.model, self.pass_weights)
         for side, sums in self.fusion_sums.items():
             if sums:  # L states: the embedding output first (when fused), the layer's input last
                 out["layer_weights"].setdefault("fuse_attention", {})[side] = {
@@ -271,8 +273,10 @@ def _matrix(values, row_side, col_side, rows, cols) -> List[List[Optional[float]
     return m
 
 
-def layer_weights(model) -> Dict:
-    """What the model's parameters say about how its layers are combined (JSON-ready)."""
+def layer_weights(model, passed: Optional[Dict[str, Dict[str, Tensor]]] = None) -> Dict:
+    """What the model's parameters say about how its layers are combined, and what its depth
+    connections reported of the last pass (``passed``: :func:`start_recording`'s store)
+    (JSON-ready)."""
     out = {}
     # the seq2seq model's encoder holds it; ar_encdec_lm's decoder (one module for both stacks)
     bridge = (getattr(getattr(model, "encoder", None), "bridge", None)
@@ -300,10 +304,13 @@ def layer_weights(model) -> Dict:
 
     for name, depth in model.named_modules():
         if isinstance(depth, Depth):
+            passed = passed or {}
             weights = {f"{sub}.{key}" if sub else key: float(value)
                        for sub, module in depth.named_modules()
                        if isinstance(module, WeightSource)
-                       for key, value in module.logged_weights().items()}
+                       for key, value in {**module.logged_weights(),
+                                          **passed.get(f"{name}.{sub}" if sub else name,
+                                                       {})}.items()}
             if weights:
                 out.setdefault("depth_connections", {})[name] = weights
     return out

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
-from ..weight_logging import WeightSource
+from ..weight_logging import Record, WeightSource
 from . import fused
 from .multi_stream import mean_square, statistics_dtype
 from .interface import Connection, Inputs, Layout, StackState
@@ -171,8 +171,7 @@ class AttentionResiduals(WeightSource, Connection):
         # the variant, stored with the checkpoint: Full and Block have the same parameters
         # but compute different functions (0: Full, else N)
         self.register_buffer("grouping", torch.tensor(groups or 0))
-        self.log_weights = False
-        self.mean_weights: Dict[int, Tensor] = {}  # site (K: the readout) -> mean alpha
+        self.record: Optional[Record] = None  # where a pass's mean depth weights go
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -202,10 +201,11 @@ class AttentionResiduals(WeightSource, Connection):
                              f"{flags(stored)}, this model has {flags(int(self.grouping))}: "
                              "use the checkpoint's")
 
-    def start_logging(self):
-        """A training pass also keeps the mean depth weights (an evaluation pass always does,
-        for the layer analysis)."""
-        self.log_weights = True
+    def start_logging(self, record: Record):
+        """Every pass (training or evaluation: the layer analysis starts it too) hands
+        ``record`` the mean weight alpha on every source (s<i>) of every sub-layer (k<k>; the
+        readout k<K>) over its positions."""
+        self.record = record
 
     def accepts_fused(self, where: str) -> bool:
         """The depth mix's weighted sum has a kernel for any number of sources."""
@@ -214,10 +214,8 @@ class AttentionResiduals(WeightSource, Connection):
     def start(self, x: Tensor) -> StackState:
         return StackState(x, [x])
 
-    def new_slot(self, x: Tensor) -> List[Tuple[Tensor, ...]]:
-        """Every completed source's logits for every query (computed once, when the source
-        completes: :meth:`_logits`), x_0's first."""
-        return [self._logits(x)]
+    def new_slot(self, x: Tensor) -> "_Pass":
+        return _Pass([self._logits(x)], {} if self.record is not None else None)
 
     def _logits(self, v: Tensor, k: Optional[int] = None):
         """w_k . RMSNorm_k(v) for every query k (a tuple of K+1 tensors T x B, one per query:
@@ -237,14 +235,16 @@ class AttentionResiduals(WeightSource, Connection):
                                                                       + RMS_EPS)
         return logits.unbind(-1) if k is None else logits.squeeze(-1)
 
-    def _attend(self, sources: List[Tensor], logits: List[Tensor], k: int) -> Tensor:
+    def _attend(self, state: StackState, sources: List[Tensor], logits: List[Tensor],
+                k: int) -> Tensor:
         """sum_i alpha_i v_i with alpha = softmax_i(w_k . RMSNorm_k(v_i)): T x B x C, from the
         sources' logits for query k (T x B each). The sources are combined one by one (no
         stacked copy, which autograd would keep per sub-layer: O(K^2 C))."""
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
             alpha = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
-        if self.log_weights or not self.training:
-            self.mean_weights[k] = alpha.detach().flatten(0, -2).mean(0).float()
+        weights = state.slot(self).weights
+        if weights is not None:
+            weights[k] = alpha.detach().flatten(0, -2).mean(0).float()
         if self.fused and fused.runs_on(sources[0]):  # the same sum, one kernel each way
             return fused.weighted_sum(alpha, *sources)
         return _WeightedSum.apply(alpha, *sources)
@@ -253,7 +253,7 @@ class AttentionResiduals(WeightSource, Connection):
         """(sources, their logits for query k) that query k attends: the completed sources
         (their logits computed when they completed), and the open group's partial sum (its
         logit computed now: it changes with every sub-layer)."""
-        logits = [per_query[k] for per_query in state.slot(self)]
+        logits = [per_query[k] for per_query in state.slot(self).logits]
         if not include_partial:
             return state.history, logits
         partial = state.stream
@@ -263,7 +263,7 @@ class AttentionResiduals(WeightSource, Connection):
         first, _ = self.bounds[(block, sublayer)]
         k = self.sites[(block, sublayer)]
         sources, logits = self._sources(state, not first, k)
-        return Inputs(self._attend(sources, logits, k)), None
+        return Inputs(self._attend(state, sources, logits, k)), None
 
     def write(self, state: StackState, block: int, sublayer: str, out: Tensor, token: None,
               post_norm=None):
@@ -271,28 +271,26 @@ class AttentionResiduals(WeightSource, Connection):
         state.stream = out if first else state.stream + out
         if last:  # the group is complete: its sum becomes a source
             state.history.append(state.stream)
-            state.slot(self).append(self._logits(state.stream))
+            state.slot(self).logits.append(self._logits(state.stream))
 
     def end_block(self, state: StackState, block: int):
         pass  # the sources are kept by write
 
     def finish(self, state: StackState) -> Tensor:
         k = len(self.sites)
-        return self._attend(*self._sources(state, False, k), k)
+        out = self._attend(state, *self._sources(state, False, k), k)
+        weights = state.slot(self).weights
+        if weights is not None:
+            self.record({f"k{k}_s{i}": weight for k, per_source in sorted(weights.items())
+                         for i, weight in enumerate(per_source)})
+        return out
 
     def view(self, state: StackState) -> Tensor:
         """The readout's attention over the sources so far (the group's partial sum included
         where a group is open)."""
         k = len(self.sites)
         sources, logits = self._sources(state, state.stream is not state.history[-1], k)
-        return self._attend(sources, logits, k)
-
-    def logged_weights(self) -> Dict[str, Tensor]:
-        """The mean weight alpha on every source (s<i>) of every sub-layer (k<k>; the readout
-        k<K>) over the positions of the last pass (a training pass with --log-layer-weights,
-        or any evaluation pass); empty before one."""
-        return {f"k{k}_s{i}": weight for k, weights in sorted(self.mean_weights.items())
-                for i, weight in enumerate(weights)}
+        return self._attend(state, sources, logits, k)
 
     def sources_at(self) -> List[int]:
         """The number of sources every sub-layer attends (in stack order), then the readout's."""
@@ -315,3 +313,14 @@ class AttentionResiduals(WeightSource, Connection):
     def extra_repr(self) -> str:
         kind = "full" if self.groups is None else f"block, groups={self.groups}"
         return f"{kind}, sub-layers={len(self.sites)}"
+
+
+class _Pass:
+    """What Attention Residuals keep during one forward pass: ``logits``, every completed
+    source's logits for every query (computed once, when the source completes:
+    :meth:`AttentionResiduals._logits`; x_0's first); ``weights``, the mean weight on every
+    source per query {k: per source}, while it logs (None otherwise)."""
+    __slots__ = ("logits", "weights")
+
+    def __init__(self, logits: List[Tuple[Tensor, ...]], weights: Optional[Dict[int, Tensor]]):
+        self.logits, self.weights = logits, weights

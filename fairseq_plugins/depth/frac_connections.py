@@ -119,5 +119,4 @@ class FracConnections(HyperConnections):
             out[f"k{k}_keep"] = torch.diagonal(alpha[:, m:]).mean()
             for r in range(m):
                 out[f"k{k}_write{r}"] = beta[r]
-        out.update(self.gain_logs())
         return out

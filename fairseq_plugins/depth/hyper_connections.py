@@ -290,7 +290,6 @@ class HyperConnections(MultiStream):
                 out[f"k{k}_read{r}"] = alpha[r, 0]
                 out[f"k{k}_write{r}"] = beta[r]
             out[f"k{k}_keep"] = torch.diagonal(alpha[:, 1:]).mean()
-        out.update(self.gain_logs())
         return out
 
     def macs(self, embed_dim: int) -> int:

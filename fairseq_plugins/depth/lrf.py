@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
-from ..weight_logging import WeightSource
+from ..weight_logging import Record, WeightSource
 from .interface import StackState
 
 PER_TOKEN, ALL_POSITIONS = "per-token", "all-positions"
@@ -45,9 +45,9 @@ class FuseAttention(WeightSource, nn.Module):
 
     Set ``keep_weights = True`` to keep the last call's attention weights in ``last_weights``
     (B x H x T x L, L = number of lower states attended); off by default, so no cost otherwise.
-    Once logging (:meth:`start_logging`, ``--log-layer-weights``) it keeps only their mean per
-    state over the heads and the positions of the last training call (padding included: the
-    module does not see the mask), for :meth:`logged_weights`.
+    Once logging (:meth:`start_logging`, ``--log-layer-weights``) every training call hands the
+    logger their mean per state over the heads and the positions (padding included: the module
+    does not see the mask).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
@@ -64,8 +64,7 @@ class FuseAttention(WeightSource, nn.Module):
         self.head_dim = embed_dim // num_heads
         self.keep_weights = False
         self.last_weights: Optional[Tensor] = None
-        self.log_weights = False
-        self.mean_weights: Optional[Tensor] = None
+        self.record: Optional[Record] = None  # where a training call's mean weights go
         self.first_state = first_state  # the j of h_j that history[0] is (for the labels)
 
     @classmethod
@@ -119,13 +118,13 @@ class FuseAttention(WeightSource, nn.Module):
                                        incremental_state)
         tgt_len, bsz, dim = query.shape
         flat = query.reshape(tgt_len * bsz, dim)
-        logs = self.log_weights and self.training
+        logs = self.record is not None and self.training
         if self.keep_weights or logs or self.use_absorbed(len(history)):
             out, probs = self._absorbed(flat, history)
         else:
             out = self._standard(flat, history)
         if logs:
-            self.mean_weights = probs.detach().float().mean(dim=(0, 1))  # L
+            self._record_means(probs.detach().float().mean(dim=(0, 1)))  # L
         weights = None
         if self.keep_weights:
             # (T*B) x H x L -> B x H x T x L
@@ -148,7 +147,7 @@ class FuseAttention(WeightSource, nn.Module):
         if causal and incremental_state is None:
             future = utils.fill_with_neg_inf(query.new_zeros(tgt_len, src_len)).triu(1)
             attn_mask = future.repeat_interleave(depth, dim=1)
-        logs = self.log_weights and self.training
+        logs = self.record is not None and self.training
         want = self.keep_weights or logs
         if want and incremental_state is None:
             # fairseq's fused path averages the weights over the heads: spelled out instead
@@ -162,7 +161,7 @@ class FuseAttention(WeightSource, nn.Module):
         if want:  # H x B x T x (S·L) -> per state: B x H x T x L
             per_state = probs.view(*probs.shape[:3], -1, depth).sum(3).detach()
             if logs:
-                self.mean_weights = per_state.float().mean(dim=(0, 1, 2))
+                self._record_means(per_state.float().mean(dim=(0, 1, 2)))
             if self.keep_weights:
                 weights = per_state.transpose(0, 1)
                 self.last_weights = weights
@@ -189,21 +188,19 @@ class FuseAttention(WeightSource, nn.Module):
         out = a.out_proj(mixed.transpose(0, 1).reshape(tgt_len, bsz, dim))
         return out, probs.transpose(0, 1)
 
-    def start_logging(self):
-        """A training pass also keeps the mean weight per state."""
-        self.log_weights = True
+    def start_logging(self, record: Record):
+        """Every training call hands ``record`` its mean weight per state."""
+        self.record = record
 
     def recomputes(self) -> bool:
         """Whether the sub-layer around this module runs under :func:`run_sublayer`'s
         recomputation now (``--fusion-recompute``, a training forward that keeps no weights)."""
         return (self.recompute and self.training and torch.is_grad_enabled()
-                and not (self.keep_weights or self.log_weights))
+                and not (self.keep_weights or self.record is not None))
 
-    def logged_weights(self) -> Dict[str, Tensor]:
-        """{'s<j>': mean weight on state h_j in the last training call} (empty before one)."""
-        if self.mean_weights is None:
-            return {}
-        return {f"s{self.first_state + j}": w for j, w in enumerate(self.mean_weights)}
+    def _record_means(self, means: Tensor):
+        """{'s<j>': mean weight on state h_j in this call} to the logger."""
+        self.record({f"s{self.first_state + j}": w for j, w in enumerate(means)})
 
     def _standard(self, query: Tensor, history: List[Tensor]) -> Tensor:
         n, dim = query.shape

@@ -429,7 +429,6 @@ class ManifoldHyperConnections(MultiStream):
                     out[f"k{k}_pre{r}"] = h_pre[r]
                     out[f"k{k}_post{r}"] = h_post[r]
                 out[f"k{k}_keep"] = torch.diagonal(h_res).mean()
-        out.update(self.gain_logs())
         return out
 
     def macs(self, embed_dim: int) -> int:

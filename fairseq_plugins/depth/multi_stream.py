@@ -7,13 +7,13 @@ and the fused GPU product (:mod:`.fused`) are here, once. :func:`statistics_dtyp
 too).
 """
 from contextlib import nullcontext
-from typing import Any, ContextManager, Dict, Optional, Tuple
+from typing import Any, ContextManager, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import fused
-from ..weight_logging import WeightSource
+from ..weight_logging import Record, WeightSource
 from .interface import Connection, Inputs, Layout, StackState
 from .recompute import Recompute
 
@@ -50,9 +50,9 @@ class MultiStream(WeightSource, Connection):
 
     Once logging (:meth:`start_logging`, ``--log-layer-weights``) a training pass also composes
     the mixing matrices A_r^T of all sub-layers per position (the product across depth, as the
-    mHC paper's stability diagnostic) and keeps its "Amax gain" in ``amax_gain``: the largest
-    absolute row sum (forward) and column sum (backward) of the composite, the maximum over the
-    positions."""
+    mHC paper's stability diagnostic; in the pass's slot) and hands its "Amax gain" to the
+    logger: the largest absolute row sum (forward) and column sum (backward) of the composite,
+    the maximum over the positions."""
 
     needs_pre_norm = True
     additive = False
@@ -67,12 +67,12 @@ class MultiStream(WeightSource, Connection):
         # all but each block's last
         self._inside_block = {(i, name) for i, block in enumerate(self.layout)
                               for name in block[:-1]}
-        self.log_weights = False
-        self.amax_gain: Optional[Tuple[Tensor, Tensor]] = None
+        self.record: Optional[Record] = None  # where a training pass's Amax gain goes
 
-    def start_logging(self):
-        """A training pass also composes the mixing matrices for the Amax gain."""
-        self.log_weights = True
+    def start_logging(self, record: Record):
+        """Every training pass also composes the mixing matrices and hands ``record`` their
+        Amax gain."""
+        self.record = record
 
     def accepts_fused(self, where: str) -> bool:
         """The stream product's kernel takes up to ``fused.MAX_STREAMS`` streams."""
@@ -101,7 +101,7 @@ class MultiStream(WeightSource, Connection):
         alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
         read, mixed = self._products(alpha, stream)
         own = state.slot(self)
-        if self.log_weights and self.training:
+        if self.record is not None and self.training:
             own.composite = self._composed(own.composite, alpha)
         # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
         # saved for the backward pass as a view it would keep all of the product alive, (n+1) C
@@ -186,14 +186,9 @@ class MultiStream(WeightSource, Connection):
     def finish(self, state: StackState) -> Tensor:
         if state.slot(self).composite is not None:
             composite = state.slot(self).composite.abs()
-            self.amax_gain = (composite.sum(-1).amax(), composite.sum(-2).amax())
+            self.record({"amax_gain_forward": composite.sum(-1).amax(),
+                         "amax_gain_backward": composite.sum(-2).amax()})
         return self.reduce(state)
-
-    def gain_logs(self) -> Dict[str, Tensor]:
-        """The last training pass's Amax gains, for :meth:`logged_weights` (none before one)."""
-        if self.amax_gain is None:
-            return {}
-        return {"amax_gain_forward": self.amax_gain[0], "amax_gain_backward": self.amax_gain[1]}
 
     def stream_macs(self, width: int) -> int:
         """Per token and sub-layer, streams of ``width`` w: read n R w, mix n^2 w, write n w."""
