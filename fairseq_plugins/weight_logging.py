@@ -81,10 +81,16 @@ def collect(found: Dict[str, nn.Module],
     the statistics of the pass in ``passed`` (:func:`start_recording`'s store)."""
     out = {}
     for path, module in found.items():
-        values = {**module.logged_weights(), **(passed or {}).get(path, {})}
-        for key, value in values.items():
+        for key, value in reported(path, module, passed).items():
             out[f"{PREFIX}{path.replace('.', '_')}_{key}"] = value
     return out
+
+
+def reported(path: str, module: WeightSource,
+             passed: Optional[Dict[str, Dict[str, Tensor]]] = None) -> Dict[str, Tensor]:
+    """What the source ``module`` (at ``path`` in its model) reports: its parameters' weights
+    and the statistics of the pass in ``passed`` (:func:`start_recording`'s store)."""
+    return {**module.logged_weights(), **(passed or {}).get(path, {})}
 
 
 class LogsLayerWeights:

@@ -112,6 +112,12 @@ def exclusive_lock(path):
     return _HeldLock(fd)
 
 
+def write_json(path, value):
+    """``value`` as JSON into ``path``."""
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
 def read_json(path):
     """The JSON in ``path``, or None when there is none (or it was cut short)."""
     try:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from ..weight_logging import WeightSource, sources, start_recording
+from ..weight_logging import WeightSource, reported, sources, start_recording
 from .cka import CKAAccumulator, all_pairs
 from .updates import UpdateRecorder, check_complete, merge_means, relative_norms
 
@@ -304,13 +304,11 @@ def layer_weights(model, passed: Optional[Dict[str, Dict[str, Tensor]]] = None) 
 
     for name, depth in model.named_modules():
         if isinstance(depth, Depth):
-            passed = passed or {}
             weights = {f"{sub}.{key}" if sub else key: float(value)
                        for sub, module in depth.named_modules()
                        if isinstance(module, WeightSource)
-                       for key, value in {**module.logged_weights(),
-                                          **passed.get(f"{name}.{sub}" if sub else name,
-                                                       {})}.items()}
+                       for key, value in reported(f"{name}.{sub}" if sub else name, module,
+                                                  passed).items()}
             if weights:
                 out.setdefault("depth_connections", {})[name] = weights
     return out

@@ -67,13 +67,9 @@ def weight_flags(sides, lacks: Mapping[str, str] = {}) -> List[str]:
     (:attr:`~.registry.Method.reduced`), or not at all."""
     out = []
     for method in METHODS:
-        if not method.logs_weights:
+        extra = method.options_without({}, lacks) if method.logs_weights else None
+        if extra is None:
             continue
-        extra = {}
-        if method.preset_needs({}) & set(lacks):
-            extra = dict(method.reduced({})) if method.reduced else None
-            if extra is None or method.preset_needs(extra) & set(lacks):
-                continue
         options = "".join(f" --{key.replace('_', '-')} {value}" for key, value in extra.items())
         out += [flag + options for flag in method.flags_for(sides)]
     return out
@@ -87,26 +83,23 @@ def validate(args):
                          " and none of them is on: add one, or drop --stream-recompute")
 
 
-def refuse_unmet(args, offers: Mapping[str, str], family: str):
+def refuse_unmet(args, lacks: Mapping[str, str], family: str):
     """Raise ValueError where an active method needs what ``family`` does not offer
-    (``offers``: {one of :data:`~.registry.NEEDS`: why the family lacks it})."""
-    refusal = unmet(METHODS, args, offers, family)
+    (``lacks``: {one of :data:`~.registry.NEEDS`: why the family lacks it})."""
+    refusal = unmet(METHODS, args, lacks, family)
     if refusal:
         raise ValueError(refusal)
 
 
-def presets_for(offers: Mapping[str, str]) -> dict:
-    """The presets a family lacking ``offers`` (as in :func:`refuse_unmet`) can build: each
-    preset whose method needs nothing the family lacks, or else the preset with the remedy's
-    options (:attr:`~.registry.Method.reduced`); {name: options}."""
+def presets_for(lacks: Mapping[str, str]) -> dict:
+    """The presets a family lacking ``lacks`` (as in :func:`refuse_unmet`) can build, each as
+    :meth:`~.registry.Method.options_without` gives it; {name: options}."""
     out = {}
     for method in METHODS:
         for name, options in method.presets.items():
-            missing = method.preset_needs(options) & set(offers)
-            if not missing:
-                out[name] = dict(options)
-            elif method.reduced and not method.preset_needs(method.reduced(options)) & set(offers):
-                out[name] = dict(method.reduced(options))
+            buildable = method.options_without(options, lacks)
+            if buildable is not None:
+                out[name] = buildable
     return out
 
 

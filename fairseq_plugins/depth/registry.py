@@ -14,7 +14,7 @@ requirements below; a model family says which it offers (:func:`unmet`), and a m
 needs it does not meet is refused when the model is built, with the family's reason.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Type
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Type
 
 from torch import nn
 
@@ -114,6 +114,19 @@ class Method:
         """What the method needs under one preset's ``options`` (the others at their default)."""
         return self.needs(_Options(options))
 
+    def options_without(self, options: Mapping[str, Any],
+                        lacks: Mapping[str, str]) -> Optional[Dict[str, Any]]:
+        """``options`` as a family that lacks ``lacks`` can build them: as they are where the
+        method needs none of it, else with the remedy's options (:attr:`reduced`) where those
+        need none of it; None where neither can be built."""
+        if not self.preset_needs(options) & set(lacks):
+            return dict(options)
+        if self.reduced is not None:
+            reduced = self.reduced(options)
+            if not self.preset_needs(reduced) & set(lacks):
+                return dict(reduced)
+        return None
+
 
 class _Options:
     """A preset's options read as a model's (an option it does not set reads None, as an
@@ -126,18 +139,18 @@ class _Options:
         return None
 
 
-def unmet(methods, args, offers: Mapping[str, str], family: str) -> Optional[str]:
+def unmet(methods, args, lacks: Mapping[str, str], family: str) -> Optional[str]:
     """The refusal (one line) for the first active method of ``methods`` that needs what the
-    ``family`` does not offer; ``offers``: {requirement: why the family does not offer it} for
+    ``family`` does not offer; ``lacks``: {requirement: why the family does not offer it} for
     each of :data:`NEEDS` it lacks (what it offers is absent). None when every need is met."""
     for method in methods:
         if not method.active(args):
             continue
         for need in NEEDS:
-            if need in method.needs(args) and need in offers:
+            if need in method.needs(args) and need in lacks:
                 remedy = method.remedies.get(need)
                 return (f"{method.flag} needs {need}, which {family} does not offer "
-                        f"({offers[need]})" + (f": {remedy}" if remedy else ""))
+                        f"({lacks[need]})" + (f": {remedy}" if remedy else ""))
     return None
 
 

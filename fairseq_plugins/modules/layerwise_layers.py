@@ -99,9 +99,7 @@ class _DepthSublayers:
         it gives them, its values through the connection's hook where it has one (value
         residual). ``attention``: the masks and the incremental state."""
         index = self.options.index
-        inputs, token = depth.read(state, index, SELF)
-        norm = self.self_attn_layer_norm
-        x = norm(inputs.query) if self.normalize_before else inputs.query
+        inputs, x, token = self._read(state, depth, SELF, self.self_attn_layer_norm)
         key = value = x
         if inputs.key is not None:
             if self.key_layer_norm is None:
@@ -110,8 +108,7 @@ class _DepthSublayers:
             key, value = self.key_layer_norm(inputs.key), self.value_layer_norm(inputs.value)
         out, _ = self.self_attn(query=x, key=key, value=value, need_weights=False,
                                 value_mix=depth.value_mix(state, index), **attention)
-        depth.write(state, index, SELF, self.dropout_module(out), token,
-                    post_norm=None if self.normalize_before else norm)
+        self._write(state, depth, SELF, self.self_attn_layer_norm, out, token)
 
     @staticmethod
     def layout(fuses: bool, cross: bool = False) -> Tuple[str, ...]:
@@ -128,12 +125,23 @@ class _DepthSublayers:
     def _sublayer(self, state: StackState, depth: Depth, name: str, norm: nn.Module, f):
         """x -> f(LN(x)) (pre-norm) or f(x) (post-norm), its dropout written back through the
         connection; returns what ``f`` returned besides its output (e.g. attention weights)."""
-        inputs, token = depth.read(state, self.options.index, name)
-        x = norm(inputs.query) if self.normalize_before else inputs.query
+        _, x, token = self._read(state, depth, name, norm)
         out, extra = f(x)
+        self._write(state, depth, name, norm, out, token)
+        return extra
+
+    def _read(self, state: StackState, depth: Depth, name: str, norm: nn.Module):
+        """(the sub-layer's inputs from the connection, its query x: LN(query) pre-norm, the
+        query itself post-norm, the connection's token for :meth:`_write`)."""
+        inputs, token = depth.read(state, self.options.index, name)
+        return inputs, norm(inputs.query) if self.normalize_before else inputs.query, token
+
+    def _write(self, state: StackState, depth: Depth, name: str, norm: nn.Module, out: Tensor,
+               token):
+        """The sub-layer's output ``out`` after its dropout written back through the
+        connection (post-norm: with ``norm``, fairseq's LN(x + dropout(f(x))))."""
         depth.write(state, self.options.index, name, self.dropout_module(out), token,
                     post_norm=None if self.normalize_before else norm)
-        return extra
 
     def _fuse(self, state: StackState, depth: Depth, **where):
         """``where``: the positions' key padding mask, whether the stack is causal and its

@@ -286,11 +286,6 @@ def copy_files(source, target):
             shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
 
-def _write_json(path, value):
-    with open(path, "w") as f:
-        json.dump(value, f)
-
-
 def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     done = finished_run(run_dir, kept_dir, recipe)
     if done is not None:
@@ -303,9 +298,8 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     resumed = os.path.exists(checkpoint) and runs.read_json(started) == recipe
     if not resumed:
         runs.fresh_run_dir(run_dir)
-        with open(started, "w") as f:
-            json.dump(recipe, f)
-        _write_json(os.path.join(run_dir, CPU_SECONDS), [])
+        runs.write_json(started, recipe)
+        runs.write_json(os.path.join(run_dir, CPU_SECONDS), [])
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
@@ -319,7 +313,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     cpu_file = os.path.join(run_dir, CPU_SECONDS)
     segments = runs.read_json(cpu_file)
     if segments is not None:  # this process's place, filled in when it ends
-        _write_json(cpu_file, segments + [None])
+        runs.write_json(cpu_file, segments + [None])
     try:
         cpu = runs.run_logged(runs.train_command(args.data, run_dir, seed, [
             "--arch", arch, *flags, *args_recipe_flags(args), *saves]), log, append=resumed)
@@ -343,7 +337,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     # other runs sharing the machine, and adds up over the processes of a resumed run
     if segments is not None:
         segments.append(round(cpu, 1))
-        _write_json(cpu_file, segments)
+        runs.write_json(cpu_file, segments)
     complete = segments is not None and None not in segments
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
