@@ -165,7 +165,8 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     assert depth.chosen_rows("mudd,ar_encdec") == ["plain", "mudd", "ar_encdec"]
     eager = [r for r in depth.METHODS if r.endswith("_eager")]
     assert eager == ["hc_static_n4_eager", "hc_dynamic_n4_eager", "mhc_n4_eager",
-                     "mhc_lite_n4_eager", "frac_dynamic_m4_eager"]
+                     "mhc_lite_n4_eager", "frac_dynamic_m4_eager", "attn_res_full_eager",
+                     "attn_res_block_eager", "mudd_eager"]
     assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_eager")]][1]
                + ["--no-fused-kernels"] for r in eager)
     # every row; the eager twins of the fused rows on a GPU only (on a CPU the same code)

@@ -66,7 +66,9 @@ METHODS = {
 # kernels gain (fairseq_plugins/depth/fused.py); on a CPU the very code of the row without the
 # suffix, so measured there only when --rows names them
 EAGER = "_eager"
-for _name in ("hc_static_n4", "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "frac_dynamic_m4"):
+FUSED = ("hc_static_n4", "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "frac_dynamic_m4",
+         "attn_res_full", "attn_res_block", "mudd")
+for _name in FUSED:
     METHODS[_name + EAGER] = (METHODS[_name][0], METHODS[_name][1] + ["--no-fused-kernels"])
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check of the depth connections' fused kernels (docs/ideas/fused-kernels.md) in one run
-# of under 8 minutes on one GPU, results under one folder:
+# The GPU check of the depth connections' fused kernels (docs/ideas/fused-kernels.md), results
+# under one folder. Measured on an H200 (2026-11-28): fairseq's build 158 s (once per machine),
+# the kernel tests 29 s, the bench at d = 128 144 s, at d = 1024 over 250 s (19 rows each): about
+# 12 minutes in all, more than one 8-minute call; STAGES splits it.
 #   1. tests/kernels/ with Triton's real compiler (each kernel against the eager code it
 #      replaces, forward and backward, gradcheck, whole models with and without the kernels):
 #      kernel_tests.txt;
@@ -8,31 +10,65 @@
 #      eager twin (--no-fused-kernels) in the same process: bench_depth_d{128,1024}.{json,md};
 #   3. 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels and without
 #      (the same loss curve within fp32 rounding), and in fp16: fp16_check/results.{json,md}.
-#   [OUT=DIR] [PYTHON=python3] bash scripts/bench/gpu_check.sh
-# Needs a CUDA GPU, a Python with torch and triton, and data-bin/wikitext-2 (python
-# scripts/prepare/lm.py --dataset wikitext-2). fairseq and this package are installed first
-# where missing, without network: from .gpu-wheels/ (scripts/bench/gpu_wheels.sh makes it; carry
-# it and data-bin/wikitext-2 to a machine that has neither).
+#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench equality"] [WHEEL_OUT=DIR]
+#   bash scripts/bench/gpu_check.sh
+# STAGES runs a subset (a lease too short for all three in one call). Needs a CUDA GPU, a Python
+# with torch and triton, and data-bin/wikitext-2 (python scripts/prepare/lm.py --dataset
+# wikitext-2). fairseq and this package are installed first where missing, without network:
+# from .gpu-wheels/ (scripts/bench/gpu_wheels.sh makes it; carry it and data-bin/wikitext-2 to a
+# machine that has neither). fairseq's source is built into a wheel there once (its C++ and
+# Cython extensions against that machine's torch; not its CUDA ones, which nothing here uses),
+# written to WHEEL_OUT (default .gpu-wheels): put it back into .gpu-wheels and the next machine
+# installs it without building.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu_check}
 PY=${PYTHON:-python3}
+STAGES=${STAGES:-tests bench equality}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 if ! "$PY" -c "import fairseq" 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .gpu-wheels/*.whl \
-        .gpu-wheels/antlr4*.tar.gz
-    # its C++ / Cython extensions are built here, against this machine's torch
-    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .gpu-wheels/fairseq_fixed-*.tar.gz
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .gpu-wheels/*-none-any.whl \
+        .gpu-wheels/*-cp3*-manylinux*.whl .gpu-wheels/antlr4*.tar.gz
+    wheel=$(ls .gpu-wheels/fairseq_fixed-*-linux_x86_64.whl 2>/dev/null | head -1 || true)
+    if [ -z "$wheel" ]; then
+        SECONDS=0
+        # without CUDA_HOME fairseq's setup.py leaves out its CUDA extensions (minutes of nvcc)
+        env -u CUDA_HOME "$PY" -m pip wheel -q --no-index --no-deps --no-build-isolation \
+            -w "${WHEEL_OUT:-.gpu-wheels}" .gpu-wheels/fairseq_fixed-*.tar.gz
+        echo "[gpu_check] fairseq built in ${SECONDS}s" >&2
+        wheel=$(ls "${WHEEL_OUT:-.gpu-wheels}"/fairseq_fixed-*.whl | head -1)
+    fi
+    "$PY" -m pip install -q --no-index --no-deps "$wheel"
 fi
-"$PY" -c "import fairseq_plugins" 2>/dev/null || "$PY" -m pip install -q --no-deps --no-build-isolation -e .
-FUSED=hc_static_n4,hc_dynamic_n4,mhc_n4,mhc_lite_n4,frac_dynamic_m4
-ROWS=$FUSED,${FUSED//,/_eager,}_eager
-"$PY" -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/kernel_tests.txt"
-for width in 128 1024; do
-    "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim "$width" \
-        --rows "$ROWS" --out "$OUT/bench_depth_d$width.json" | tee "$OUT/bench_depth_d$width.md"
-done
-"$PY" scripts/experiments/lm_fp16_check.py --data data-bin/wikitext-2 --depth 12 --updates 200 \
-    --rows baseline,hc_static,hc_dynamic,mhc,mhc_lite,frac_connections --eager --jobs 6 \
-    --out-dir "$OUT/fp16_check"
+# this package and its experiment library from the tree (scripts run as files do not see the
+# current directory)
+(cd / && "$PY" -c "import fairseq_plugins, layerlab" 2>/dev/null) || export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c "import torch, triton; print('[gpu_check]', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+# every row with a kernel, beside its eager twin (--no-fused-kernels); the methods without one
+FUSED=hc_static_n4,hc_dynamic_n4,mhc_n4,mhc_lite_n4,frac_dynamic_m4,attn_res_full,attn_res_block,mudd
+ROWS=$FUSED,${FUSED//,/_eager,}_eager,dwa,value_residual
+if stage tests; then
+    SECONDS=0
+    "$PY" -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/kernel_tests.txt"
+    echo "[gpu_check] kernel tests: ${SECONDS}s" >&2
+fi
+if stage bench; then
+    for width in 128 1024; do
+        SECONDS=0
+        "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim "$width" \
+            --rows "$ROWS" --out "$OUT/bench_depth_d$width.json" > /dev/null
+        "$PY" -c "import json, sys; from layerlab import paths
+print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.argv[1]))))" \
+            "$OUT/bench_depth_d$width.json" | tee "$OUT/bench_depth_d$width.md"
+        echo "[gpu_check] bench d=$width: ${SECONDS}s" >&2
+    done
+fi
+if stage equality; then
+    SECONDS=0
+    "$PY" scripts/experiments/lm_fp16_check.py --data data-bin/wikitext-2 --depth 12 --updates 200 \
+        --rows baseline,hc_static,hc_dynamic,mhc,mhc_lite,frac_connections,attn_res_full,attn_res_block,mudd --eager --jobs 9 \
+        --out-dir "$OUT/fp16_check"
+    echo "[gpu_check] 200-update equality: ${SECONDS}s" >&2
+fi

@@ -45,10 +45,11 @@ def test_the_hand_written_backward_passes_gradcheck():
 
 def test_an_mhc_model_runs_the_fused_sinkhorn_in_every_sub_layer(monkeypatch):
     calls = count_calls(monkeypatch, "sinkhorn_scaling", lambda m, iterations: m.shape)
-    model = build_language_model("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn"])[0]
-    model(torch.randint(4, 24, (2, 7)))[0].sum().backward()
+    # on a GPU the model must be there: a CPU tensor takes the eager path (the real compiler)
+    model = build_language_model("gpt_baseline_lm_tiny", ["--mhc", "sinkhorn"])[0].to(DEVICE)
+    model(torch.randint(4, 24, (2, 7), device=DEVICE))[0].sum().backward()
     assert len(calls) == 2 * 4 and all(shape[-2:] == (4, 4) for shape in calls)
-    lite = build_language_model("gpt_baseline_lm_tiny", ["--mhc", "lite"])[0]
+    lite = build_language_model("gpt_baseline_lm_tiny", ["--mhc", "lite"])[0].to(DEVICE)
     calls.clear()
-    lite(torch.randint(4, 24, (2, 7)))
+    lite(torch.randint(4, 24, (2, 7), device=DEVICE))
     assert not calls  # mHC-lite mixes permutations: no Sinkhorn
