@@ -169,9 +169,14 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
                      "attn_res_block_eager", "mudd_eager"]
     assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_eager")]][1]
                + ["--no-fused-kernels"] for r in eager)
-    # every row; the eager twins of the fused rows on a GPU only (on a CPU the same code)
+    graph = [r for r in depth.METHODS if r.endswith("_graph")]
+    assert graph == ["plain_graph", "dwa_graph", "value_residual_graph"] + [
+        r[:-len("_eager")] + "_graph" for r in eager]
+    assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_graph")]][1] + ["--cuda-graph"]
+               for r in graph)
+    # every row; the eager and graph twins on a GPU only (on a CPU the same code)
     assert depth.chosen_rows(None, "cuda") == list(depth.METHODS)
-    assert depth.chosen_rows(None) == [r for r in depth.METHODS if r not in eager]
+    assert depth.chosen_rows(None) == [r for r in depth.METHODS if r not in eager + graph]
     assert depth.chosen_rows("mhc_n4_eager") == ["plain", "mhc_n4_eager"]
     with pytest.raises(SystemExit, match="unknown row.s. hc_sideways; known: plain, dwa"):
         depth.chosen_rows("plain,hc_sideways")
@@ -305,5 +310,9 @@ def test_the_gpu_check_names_rows_that_exist():
     fused = re.search(r"^FUSED=(\S+)$", script, re.M).group(1).split(",")
     assert fused and all(r in depth.METHODS and r + "_eager" in depth.METHODS for r in fused)
     assert set(fused) == {r[:-len("_eager")] for r in depth.METHODS if r.endswith("_eager")}
-    rows = re.search(r"--rows (\S+) --eager", script).group(1).split(",")
+    # GRAPH_ROWS: the --cuda-graph twins of the plain model, every fused row, DWA, value residual
+    assert ("GRAPH_ROWS=plain_graph,${FUSED//,/_graph,}_graph,dwa_graph,value_residual_graph"
+            in script)
+    assert all(r + "_graph" in depth.METHODS for r in ["plain", *fused, "dwa", "value_residual"])
+    rows = re.search(r"--rows (\S+) --eager --graph", script).group(1).split(",")
     assert rows and all(r in comparison.ROWS for r in rows)

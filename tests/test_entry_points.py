@@ -76,18 +76,19 @@ def make_task(args):
     return tasks.get_task("translation")(args, joined, joined)
 
 
-def hydra_model_config(arch, values, merged=True):
+def hydra_model_config(arch, values, merged=True, task_values=None):
     """cfg.model as fairseq-hydra-train hands it to the task: the user's model node, merged with
     the registered dataclasses by add_defaults (fairseq-train's main calls it once the plugin is
     imported), resolved and made a plain struct config. ``merged=False``: the raw node (the
-    model's build_model must not depend on the merge)."""
+    model's build_model must not depend on the merge). ``task_values``: the task node's
+    settings beyond its name and data."""
     from fairseq.dataclass.configs import FairseqConfig
 
     model = ARCH_MODEL_NAME_REGISTRY[arch]
     root = OmegaConf.structured(FairseqConfig)  # fairseq-hydra-train's schema
     OmegaConf.set_struct(root, False)
     root.task = {"_name": "language_modeling" if model in LMS else "translation",
-                 "data": "/nonexistent-data"}
+                 "data": "/nonexistent-data", **(task_values or {})}
     root.criterion = LM_CRITERION.get(arch, {"_name": "cross_entropy"})
     root.model = {"_name": arch, **values}
     if merged:

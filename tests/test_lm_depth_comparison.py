@@ -485,6 +485,16 @@ def test_fp16_check_trains_and_scores_a_row_as_the_comparison_does(lm_bin, tmp_p
     table = fp16_check.markdown(report)
     assert f"| mhc_lite | {result['valid_bits']:.4f} | {eager['valid_bits']:.4f} | +0.0000 | " \
            "0.0020 | 3 |" in table
+    # --graph's twin (--cuda-graph) through fairseq-train: on a CPU eager, said in the log
+    graph = fp16_check.train_and_score(args, "mhc_lite", "fp32_graph")
+    log = open(tmp_path / "mhc_lite" / "fp32_graph" / "train.log").read()
+    assert "'cuda_graph': True" in log and "--cuda-graph: the model is on the CPU" in log
+    assert graph["train_losses"] == result["train_losses"]
+    report["rows"]["mhc_lite"]["fp32_graph"] = graph
+    table = fp16_check.markdown(report)
+    assert "fp32 against fp32 with `--cuda-graph`" in table
+    assert f"| mhc_lite | {result['valid_bits']:.4f} | {graph['valid_bits']:.4f} | +0.0000 | " \
+           "0.0000 | 3 |" in table
 
 
 def test_a_kept_run_of_another_recipe_is_an_error_not_a_result(tmp_path):

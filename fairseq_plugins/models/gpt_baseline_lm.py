@@ -1,7 +1,9 @@
 """``gpt_baseline_lm``: the decoder-only baseline of yif-AI's
 ``autoregressive_encoder_decoder_transformer`` (2024; GPT-2 style, pre-norm, learned positions,
 final LayerNorm, tied output, no biases by default)."""
-from .. import depth
+from dataclasses import dataclass
+
+from .. import cuda_graph, depth
 from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
@@ -22,24 +24,40 @@ class GPTBaselineDecoder(CausalLMDecoder):
         ffn = args.ffn_embed_dim or 4 * args.embed_dim
         self.depth, self.layers = build_stack(args, "decoder", PreNormBlock, args.attention_heads,
                                               ffn)
+        # --cuda-graph: the training passes of the blocks replayed as a CUDA graph (None: off)
+        self.cuda_graph = cuda_graph.graph_for(args, args.arch)
 
     def extract_features(self, prev_output_tokens, incremental_state=None, **unused):
         positions = self.positions(prev_output_tokens, incremental_state)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         x = self.dropout(self.embed(prev_output_tokens, positions)).transpose(0, 1)
-        x = run_blocks(self.depth, self.layers, x,
-                       lambda i: {"incremental_state": incremental_state})
+        if self.cuda_graph is not None and incremental_state is None and not self.depth.observed:
+            # an observer (the layer analysis) is Python a replayed graph would not call
+            x = self.cuda_graph(self.blocks, (self.depth, self.layers), x, self.training)
+        else:
+            x = run_blocks(self.depth, self.layers, x,
+                           lambda i: {"incremental_state": incremental_state})
         return self.head(x, positions), {"attn": [None]}
+
+    def blocks(self, x):
+        """x (T x B x C, the embedding output) through the blocks of a full-sequence pass."""
+        return run_blocks(self.depth, self.layers, x)
 
     def head(self, x, positions):
         """What follows the last block: x (T x B x C) -> features B x T x C."""
         return self.final_layer_norm(x).transpose(0, 1)
 
 
-@register_model(MODEL_NAME, dataclass=CausalLMConfig)
+@dataclass
+class GPTBaselineConfig(CausalLMConfig, cuda_graph.CudaGraphConfig):
+    """The language models' options and ``--cuda-graph`` (:mod:`fairseq_plugins.cuda_graph`)."""
+
+
+@register_model(MODEL_NAME, dataclass=GPTBaselineConfig)
 class GPTBaselineLM(CausalLM):
     decoder_class = GPTBaselineDecoder
+    config_class = GPTBaselineConfig
     model_name = MODEL_NAME
     # the reference's baseline (its run configurations): d=160, 26 blocks, 10 heads
     reference_sizes = (160, 26, 10)
@@ -50,6 +68,7 @@ class GPTBaselineLM(CausalLM):
             raise ValueError(f"--embedding-loss {args.embedding_loss} needs a model with an "
                              f"encoder (ar_encdec_lm); {args.arch} is decoder-only: use "
                              "--embedding-loss none or --criterion cross_entropy")
+        cuda_graph.validate(args)
 
 
 def _preset(name, embed_dim, layers, heads, options=None):

@@ -70,6 +70,13 @@ FUSED = ("hc_static_n4", "hc_dynamic_n4", "mhc_n4", "mhc_lite_n4", "frac_dynamic
          "attn_res_full", "attn_res_block", "mudd")
 for _name in FUSED:
     METHODS[_name + EAGER] = (METHODS[_name][0], METHODS[_name][1] + ["--no-fused-kernels"])
+# the rows with the training passes of their blocks replayed as a CUDA graph (--cuda-graph,
+# gpt_baseline_lm only; fairseq_plugins/cuda_graph.py): on a GPU what the launches cost; on a
+# CPU the very code of the row without the suffix, so measured there only when --rows names them
+GRAPH = "_graph"
+for _name in [BASELINE, "dwa", "value_residual", *FUSED]:
+    METHODS[_name + GRAPH] = (METHODS[_name][0], METHODS[_name][1] + ["--cuda-graph"])
+GPU_ONLY = (EAGER, GRAPH)
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width
 
@@ -135,9 +142,9 @@ def operators_per_step(arch, flags, layers):
 
 def chosen_rows(rows, device="cpu"):
     """The rows to measure (``--rows``; the plain model always), in METHODS' order; by default
-    every row (the ``_eager`` ones on a GPU only)."""
+    every row (the ``_eager`` and ``_graph`` ones on a GPU only)."""
     if not rows:
-        return [r for r in METHODS if not r.endswith(EAGER) or device.startswith("cuda")]
+        return [r for r in METHODS if not r.endswith(GPU_ONLY) or device.startswith("cuda")]
     names = [r for r in rows.split(",") if r]
     unknown = [r for r in names if r not in METHODS]
     if unknown:

@@ -3,16 +3,19 @@
 # under one folder. Measured on an H200 (2026-11-28): fairseq's build 158 s (once per machine),
 # the kernel tests 29 s, the bench at d = 128 144 s, at d = 1024 over 250 s (19 rows each): about
 # 12 minutes in all, more than one 8-minute call; STAGES splits it.
-#   1. tests/kernels/ with Triton's real compiler (each kernel against the eager code it
+#   1. tests: tests/kernels/ with Triton's real compiler (each kernel against the eager code it
 #      replaces, forward and backward, gradcheck, whole models with and without the kernels):
 #      kernel_tests.txt;
-#   2. the depth bench at 12 blocks in fp16, d = 128 and d = 1024, every fused row beside its
+#   2. bench: the depth bench at 12 blocks in fp16, d = 128 and d = 1024, every fused row beside its
 #      eager twin (--no-fused-kernels) in the same process: bench_depth_d{128,1024}.{json,md};
-#   3. 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels and without
-#      (the same loss curve within fp32 rounding), and in fp16: fp16_check/results.{json,md}.
-#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench equality"] [WHEEL_OUT=DIR]
+#   3. graph: the bench's --cuda-graph rows at d = 128 against the plain model without the
+#      graph: bench_graph_d128.{json,md};
+#   4. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
+#      without them, and with --cuda-graph (the same loss curve within fp32 rounding), and in
+#      fp16: fp16_check/results.{json,md}.
+#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph equality"] [WHEEL_OUT=DIR]
 #   bash scripts/bench/gpu_check.sh
-# STAGES runs a subset (a lease too short for all three in one call). Needs a CUDA GPU, a Python
+# STAGES runs a subset (a lease too short for all four in one call). Needs a CUDA GPU, a Python
 # with torch and triton, and data-bin/wikitext-2 (python scripts/prepare/lm.py --dataset
 # wikitext-2). fairseq and this package are installed first where missing, without network:
 # from .gpu-wheels/ (scripts/bench/gpu_wheels.sh makes it; carry it and data-bin/wikitext-2 to a
@@ -24,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu_check}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-tests bench equality}
+STAGES=${STAGES:-tests bench graph equality}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -49,6 +52,7 @@ fi
 # every row with a kernel, beside its eager twin (--no-fused-kernels); the methods without one
 FUSED=hc_static_n4,hc_dynamic_n4,mhc_n4,mhc_lite_n4,frac_dynamic_m4,attn_res_full,attn_res_block,mudd
 ROWS=$FUSED,${FUSED//,/_eager,}_eager,dwa,value_residual
+GRAPH_ROWS=plain_graph,${FUSED//,/_graph,}_graph,dwa_graph,value_residual_graph
 if stage tests; then
     SECONDS=0
     "$PY" -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/kernel_tests.txt"
@@ -65,10 +69,21 @@ print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.a
         echo "[gpu_check] bench d=$width: ${SECONDS}s" >&2
     done
 fi
+if stage graph; then
+    # the training passes of the blocks as a CUDA graph (--cuda-graph), against the plain
+    # model without it in the same process: what the launches cost
+    SECONDS=0
+    "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim 128 \
+        --rows "$GRAPH_ROWS" --out "$OUT/bench_graph_d128.json" > /dev/null
+    "$PY" -c "import json, sys; from layerlab import paths
+print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.argv[1]))))" \
+        "$OUT/bench_graph_d128.json" | tee "$OUT/bench_graph_d128.md"
+    echo "[gpu_check] graph bench d=128: ${SECONDS}s" >&2
+fi
 if stage equality; then
     SECONDS=0
     "$PY" scripts/experiments/lm_fp16_check.py --data data-bin/wikitext-2 --depth 12 --updates 200 \
-        --rows baseline,hc_static,hc_dynamic,mhc,mhc_lite,frac_connections,attn_res_full,attn_res_block,mudd --eager --jobs 9 \
+        --rows baseline,hc_static,hc_dynamic,mhc,mhc_lite,frac_connections,attn_res_full,attn_res_block,mudd --eager --graph --jobs 9 \
         --out-dir "$OUT/fp16_check"
     echo "[gpu_check] 200-update equality: ${SECONDS}s" >&2
 fi

@@ -31,9 +31,12 @@ comparison = paths.load_script("experiments", "lm_depth_comparison.py")
 # recipe's --weight-decay): fairseq_plugins.depth refuses that combination at build time and
 # names this flag (used for every row alike)
 PRECISIONS = {"fp32": [], "fp16": ["--fp16", "--fp16-no-flatten-grads"]}
-# --eager: fp32 once more with the depth connections' eager code (fairseq_plugins/depth/fused.py):
-# the fused kernels' training must equal it within fp32 rounding
-EAGER = {"fp32_eager": ["--no-fused-kernels"]}
+# fp32 once more with one switch that must not change the function, so the training equals
+# plain fp32 within fp32 rounding: --eager, the depth connections' eager code
+# (fairseq_plugins/depth/fused.py); --graph, the blocks' training passes replayed as a CUDA graph
+# (fairseq_plugins/cuda_graph.py; gpt_baseline_lm rows only, the recipe has no dropout)
+TWINS = {"fp32_eager": ["--no-fused-kernels"], "fp32_graph": ["--cuda-graph"]}
+GRAPH_ARCH = "gpt_baseline_lm"
 
 
 def train_and_score(args, row, precision):
@@ -44,9 +47,12 @@ def train_and_score(args, row, precision):
               "depth": args.depth, "updates": args.updates}
     start = time.time()
     try:
-        runs.run_logged(runs.train_command(args.data, run_dir, 1, [
-            "--arch", arch, *flags, *comparison.recipe_flags(args.updates),
-            *dict(PRECISIONS, **EAGER)[precision]]), log)
+        command = ["--arch", arch, *flags, *comparison.recipe_flags(args.updates),
+                   *dict(PRECISIONS, **TWINS)[precision]]
+        if precision == "fp32_graph":
+            # refused with the graph; it only reads weights (the multi-stream rows' Amax gain)
+            command = [f for f in command if f != "--log-layer-weights"]
+        runs.run_logged(runs.train_command(args.data, run_dir, 1, command), log)
     except runs.StepError as e:
         # a loss that became NaN / inf (or a loss scale at its floor) is a result of the row;
         # any other failure too, but not a divergence: reported as failed, with its error
@@ -81,7 +87,6 @@ def markdown(report):
              "last three logged intervals.", "",
              "| row | fp32 valid bits | fp16 valid bits | Δ (fp16 - fp32) | fp32 train loss | "
              "fp16 train loss | smallest fp16 loss scale |", "|---|---:|---:|---:|---:|---:|---:|"]
-    eager = [(row, r) for row, r in report["rows"].items() if "fp32_eager" in r and "fp32" in r]
     for row, r in report["rows"].items():
         if "fp32" not in r or "fp16" not in r:  # its twin not finished yet
             continue
@@ -92,14 +97,16 @@ def markdown(report):
         lines.append(f"| {row} | {a['valid_bits']:.4f} | {b['valid_bits']:.4f} | "
                      f"{b['valid_bits'] - a['valid_bits']:+.4f} | {a['last_train_loss']:.3f} | "
                      f"{b['last_train_loss']:.3f} | {b['min_loss_scale']} |")
-    if eager:
-        lines += ["", "fp32 with the fused kernels (the default on a GPU) against fp32 with "
-                  "`--no-fused-kernels` (the eager code), the same data and order: the largest "
-                  "difference of the logged training losses over the run, and the validation "
-                  "bits.", "", "| row | fused valid bits | eager valid bits | Δ | largest "
-                  "training-loss Δ | logged intervals |", "|---|---:|---:|---:|---:|---:|"]
-        for row, r in eager:
-            a, b = r["fp32"], r["fp32_eager"]
+    for twin, flags in TWINS.items():
+        pairs = [(row, r) for row, r in report["rows"].items() if twin in r and "fp32" in r]
+        if not pairs:
+            continue
+        lines += ["", f"fp32 against fp32 with `{' '.join(flags)}`, the same data and order: "
+                  "the largest difference of the logged training losses over the run, and the "
+                  "validation bits.", "", f"| row | fp32 valid bits | {twin} valid bits | Δ | "
+                  "largest training-loss Δ | logged intervals |", "|---|---:|---:|---:|---:|---:|"]
+        for row, r in pairs:
+            a, b = r["fp32"], r[twin]
             if a.get("error") or b.get("error"):
                 lines.append(f"| {row} | {outcome(a)} | {outcome(b)} | — | — | — |")
                 continue
@@ -121,6 +128,9 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=8, help="runs at once (they share the GPU)")
     p.add_argument("--eager", action="store_true",
                    help="also train fp32 with --no-fused-kernels (the fused kernels' equality)")
+    p.add_argument("--graph", action="store_true",
+                   help="also train fp32 with --cuda-graph (the graph's equality; "
+                        f"{GRAPH_ARCH} rows)")
     args = p.parse_args(argv)
     import torch
 
@@ -133,8 +143,11 @@ def main(argv=None):
         return 2
     args.device = "cuda"
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    variants = list(PRECISIONS) + (list(EAGER) if args.eager else [])
-    tasks = [(args, row, precision) for row in args.rows for precision in variants]
+    variants = list(PRECISIONS) + (["fp32_eager"] if args.eager else []) + (
+        ["fp32_graph"] if args.graph else [])
+    tasks = [(args, row, precision) for row in args.rows for precision in variants
+             if precision != "fp32_graph"
+             or comparison.row_spec(row, args.depth, args.embed_dim)[0] == GRAPH_ARCH]
     command = " ".join(["python scripts/experiments/lm_fp16_check.py",
                         *(sys.argv[1:] if argv is None else map(str, argv))])
     report = {"written": f"Written {time.strftime('%Y-%m-%d')} by `{command}` with "
