@@ -14,9 +14,12 @@ training batch (its three warm-up passes run there) and replayed for every train
 the same shape and dtype: with ``--task language_modeling --sample-break-mode none`` (or
 ``--pad-to-fixed-length``) every sample is ``--tokens-per-sample`` tokens, so only an epoch's
 last, smaller batch differs (``--pad-to-fixed-bsz`` pads it too); it runs eager (said once per
-shape in the log). Evaluation, validation and decoding
-(incremental) run eager, as do CPU tensors (said once). Dropout inside the graph draws from
-CUDA's generator as eager code does (graph-safe RNG), not the same numbers.
+shape in the log). So does a pass while the parameters hold gradients (accumulation over
+passes, ``--update-freq`` > 1: the graph's gradient buffers become the parameters' ``.grad``,
+and a second replay would overwrite them): only the first pass of an update replays.
+Evaluation, validation and decoding (incremental) run eager, as do CPU tensors (said once).
+Dropout inside the graph draws from CUDA's generator as eager code does (graph-safe RNG), not
+the same numbers.
 
 Refused at build time, one line each: another ``--sample-break-mode`` without
 ``--pad-to-fixed-length`` (the sample length, so the shape, changes from batch to batch) and
@@ -106,6 +109,7 @@ class GraphedBlocks:
     def __init__(self, where: str):
         self.where = where
         self.graphed: Optional[nn.Module] = None
+        self.params = []  # the graph's parameters
         self.key: Optional[Tuple] = None
         self.said = set()
 
@@ -127,13 +131,25 @@ class GraphedBlocks:
             return run(x)
         key = (tuple(x.shape), x.dtype, x.device)
         if self.graphed is None:
-            self.graphed = capture(_Blocks(run, parts), x)
+            blocks = _Blocks(run, parts)
+            self.params = [p for p in blocks.parameters() if p.requires_grad]
+            self.graphed = capture(blocks, x)
             self.key = key
             logger.info("%s --cuda-graph: captured the blocks for batches of shape %s (%s)",
                         self.where, "x".join(map(str, x.shape)), x.dtype)
         elif key != self.key:
             self._say_once(f"a batch of shape {'x'.join(map(str, x.shape))} ({x.dtype}), not "
                            f"the captured {'x'.join(map(str, self.key[0]))} ({self.key[1]})")
+            return run(x)
+        elif any(p.grad is not None for p in self.params):
+            # the replayed backward hands the parameters its own gradient buffers, which a
+            # parameter without a gradient takes over as its .grad (no copy): a second replay
+            # before the optimizer has consumed them would overwrite the first pass's gradients
+            # and add them to themselves. So a pass that accumulates (--update-freq > 1, or an
+            # optimizer that zeroes instead of freeing gradients) runs eager: its gradients are
+            # added to the first pass's, as they must be.
+            self._say_once("the parameters hold gradients (accumulating over passes, e.g. "
+                           "--update-freq > 1)")
             return run(x)
         return self.graphed(x)
 

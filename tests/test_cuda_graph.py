@@ -68,21 +68,43 @@ def test_training_passes_of_the_captured_shape_replay_the_graph_and_others_run_e
     full, short = torch.randint(4, 20, (4, 9)), torch.randint(4, 20, (2, 9))
     with caplog.at_level(logging.INFO, logger="fairseq_plugins.cuda_graph"):
         for tokens in (full, full, short, short, full):
+            for model in (graphed, plain):
+                model.zero_grad(set_to_none=True)  # as fairseq's optimizers free them
             out = graphed(tokens)[0]
             out.square().sum().backward()
             plain(tokens)[0].square().sum().backward()
             torch.testing.assert_close(out, plain(tokens)[0], rtol=0, atol=0)
+            # the gradients through the captured function are the eager model's
+            for (name, p), q in zip(graphed.named_parameters(), plain.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
     assert len(stand_in) == 1 and stand_in[0].shape == (9, 4, 32)  # T x B x C
     assert stand_in[0].replays == 3
-    # the gradients through the captured function are the eager model's
-    for (name, p), q in zip(graphed.named_parameters(), plain.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
     said = [r.getMessage() for r in caplog.records if "--cuda-graph" in r.getMessage()]
     assert said == [
         "gpt_baseline_lm_mhc_tiny --cuda-graph: captured the blocks for batches of shape 9x4x32 "
         "(torch.float32)",
         "gpt_baseline_lm_mhc_tiny --cuda-graph: a batch of shape 9x2x32 (torch.float32), not "
         "the captured 9x4x32 (torch.float32); such passes run eager"]
+
+
+def test_a_pass_that_accumulates_gradients_runs_eager(stand_in, caplog):
+    """The replayed backward's gradient buffers become the parameters' .grad; a second replay
+    before the optimizer step would overwrite them, so only the first pass of an update
+    replays (--update-freq 2 here)."""
+    graphed, plain = twins()
+    batches = torch.randint(4, 20, (2, 4, 9))
+    with caplog.at_level(logging.INFO, logger="fairseq_plugins.cuda_graph"):
+        for model in (graphed, plain):
+            for tokens in batches:
+                model(tokens)[0].square().sum().backward()
+    assert stand_in[0].replays == 1
+    for (name, p), q in zip(graphed.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+    assert any("the parameters hold gradients (accumulating over passes, e.g. --update-freq > 1)"
+               in r.getMessage() for r in caplog.records)
+    graphed.zero_grad(set_to_none=True)  # the next update replays again
+    graphed(batches[0])
+    assert stand_in[0].replays == 2
 
 
 def test_evaluation_decoding_and_observed_passes_never_replay(stand_in):
