@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of the depth connections' fused kernels (docs/ideas/fused-kernels.md), results
-# under one folder. Measured on an H200 (2026-11-28): fairseq's build 158 s (once per machine),
-# the kernel tests 29 s, the bench at d = 128 144 s, at d = 1024 over 250 s (19 rows each): about
-# 12 minutes in all, more than one 8-minute call; STAGES splits it.
+# under one folder. Measured on an H200 (2026-11-28): fairseq's full build 158 s (now only its
+# Cython modules are built), the kernel tests 29 s, the bench at d = 128 144 s, at d = 1024 over
+# 250 s (19 rows each): more than one 8-minute call; STAGES splits it.
 #   1. tests: tests/kernels/ with Triton's real compiler (each kernel against the eager code it
 #      replaces, forward and backward, gradcheck, whole models with and without the kernels):
 #      kernel_tests.txt;
@@ -13,16 +13,14 @@
 #   4. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
 #      without them, and with --cuda-graph (the same loss curve within fp32 rounding), and in
 #      fp16: fp16_check/results.{json,md}.
-#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph equality"] [WHEEL_OUT=DIR]
+#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph equality"] [FAIRSEQ_SRC=DIR]
 #   bash scripts/bench/gpu_check.sh
 # STAGES runs a subset (a lease too short for all four in one call). Needs a CUDA GPU, a Python
 # with torch and triton, and data-bin/wikitext-2 (python scripts/prepare/lm.py --dataset
 # wikitext-2). fairseq and this package are installed first where missing, without network:
 # from .gpu-wheels/ (scripts/bench/gpu_wheels.sh makes it; carry it and data-bin/wikitext-2 to a
-# machine that has neither). fairseq's source is built into a wheel there once (its C++ and
-# Cython extensions against that machine's torch; not its CUDA ones, which nothing here uses),
-# written to WHEEL_OUT (default .gpu-wheels): put it back into .gpu-wheels and the next machine
-# installs it without building.
+# machine that has neither); fairseq runs from its source there, with only its two Cython
+# modules built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu_check}
@@ -34,16 +32,24 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 if ! "$PY" -c "import fairseq" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .gpu-wheels/*-none-any.whl \
         .gpu-wheels/*-cp3*-manylinux*.whl .gpu-wheels/antlr4*.tar.gz
-    wheel=$(ls .gpu-wheels/fairseq_fixed-*-linux_x86_64.whl 2>/dev/null | head -1 || true)
-    if [ -z "$wheel" ]; then
-        SECONDS=0
-        # without CUDA_HOME fairseq's setup.py leaves out its CUDA extensions (minutes of nvcc)
-        env -u CUDA_HOME "$PY" -m pip wheel -q --no-index --no-deps --no-build-isolation \
-            -w "${WHEEL_OUT:-.gpu-wheels}" .gpu-wheels/fairseq_fixed-*.tar.gz
-        echo "[gpu_check] fairseq built in ${SECONDS}s" >&2
-        wheel=$(ls "${WHEEL_OUT:-.gpu-wheels}"/fairseq_fixed-*.whl | head -1)
-    fi
-    "$PY" -m pip install -q --no-index --no-deps "$wheel"
+    # fairseq from its source, not installed: of its compiled parts this check uses only the
+    # two Cython modules (batching, token blocks), built in place in seconds (its whole build,
+    # C++ extensions included, took 158 s on an H200 machine); fairseq-train then runs as
+    # python -m fairseq_cli.train (layerlab.paths.fairseq_command)
+    SECONDS=0
+    src=${FAIRSEQ_SRC:-/tmp/fairseq-src}
+    mkdir -p "$src"
+    tar xzf .gpu-wheels/fairseq_fixed-*.tar.gz -C "$src" --strip-components 1
+    (cd "$src" && "$PY" -c "
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+import numpy
+setup(script_args=['build_ext', '--inplace', '-q'], ext_modules=cythonize([Extension(
+    'fairseq.data.' + name, ['fairseq/data/' + name + '.pyx'], include_dirs=[numpy.get_include()],
+    language='c++', extra_compile_args=['-std=c++11', '-O3'])
+    for name in ('data_utils_fast', 'token_block_utils_fast')], quiet=True))")
+    export PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH}
+    echo "[gpu_check] fairseq's Cython modules built in ${SECONDS}s" >&2
 fi
 # this package and its experiment library from the tree (scripts run as files do not see the
 # current directory)

@@ -3,8 +3,8 @@
 # downloaded here into .gpu-wheels/ (git-ignored; carry it there with data-bin/wikitext-2).
 # The lent H200 image (Python 3.12, torch 2.11, triton 3.6, numpy, cython, sacrebleu,
 # sentencepiece, regex, pytest) has no fairseq: fairseq-fixed comes as its source (gpu_check.sh
-# builds it there against that torch), its pure-Python and compiled dependencies as wheels for
-# the target's Python.
+# runs it from there, its Cython modules built in place), its pure-Python and compiled
+# dependencies as wheels for the target's Python.
 #   [PYTHON_VERSION=3.12] bash scripts/bench/gpu_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
