@@ -189,11 +189,29 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     (["--embed-dim", "130", "--rows", "mudd"], "--embed-dim 130: a positive multiple of 4"),
     (["--embed-dim", "0", "--rows", "mudd"], "--embed-dim 0: a positive multiple of 4"),
     (["--quick", "--embed-dim", "64"], "--embed-dim: not with --quick"),
+    (["--quick", "--batch", "64"], "--batch: not with --quick"),
+    (["--batch", "0", "--rows", "mudd"], "--batch 0: at least 1 sequence"),
 ])
 def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, message):
     depth = paths.load_script("bench", "depth.py")
     with pytest.raises(SystemExit, match=message):
         depth.run(depth.parser().parse_args(flags))
+
+
+def test_depth_bench_measures_the_batch_asked_for(monkeypatch):
+    """--batch reaches every job the bench runs (the comparison's 16 by default)."""
+    depth = paths.load_script("bench", "depth.py")
+    jobs = []
+
+    def stop(script, job_list, *rest, **kw):
+        jobs.extend(job_list)
+        raise RuntimeError("stop")
+    monkeypatch.setattr(depth.common, "run_jobs", stop)
+    for flags, batch in ((["--batch", "64"], 64), ([], 16)):
+        with pytest.raises(RuntimeError, match="stop"):
+            depth.run(depth.parser().parse_args(["--rows", "mudd", "--depths", "4", *flags]))
+        assert {job["cfg"]["batch"] for job in jobs} == {batch}
+        jobs.clear()
 
 
 def test_cuda_jobs_share_one_process_and_cpu_jobs_get_one_each(monkeypatch):

@@ -18,7 +18,7 @@ forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow
 by) and the kernel's share of each model's CPU time in the timed steps (page faults: on CPU
 they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under).
 ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN 4x;
-heads, context and batch unchanged). The worker is ``lm.py``'s. Ratios are the result; absolute
+heads, context and batch unchanged), ``--batch`` another batch. The worker is ``lm.py``'s. Ratios are the result; absolute
 numbers only mean something on a GPU.
 """
 import os
@@ -79,6 +79,7 @@ for _name in [BASELINE, "dwa", "value_residual", *FUSED]:
 GPU_ONLY = (EAGER, GRAPH)
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width
+BATCH = 16  # its sequences per update
 
 
 def sizes(arch, embed_dim, layers):
@@ -156,6 +157,10 @@ def chosen_rows(rows, device="cpu"):
 def run(args):
     if args.quick and args.embed_dim is not None:
         raise SystemExit("depth.py: --embed-dim: not with --quick (which measures d=32)")
+    if args.quick and args.batch is not None:
+        raise SystemExit("depth.py: --batch: not with --quick (which measures batch 2)")
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"depth.py: --batch {args.batch}: at least 1 sequence")
     if args.embed_dim is not None and (args.embed_dim < HEADS or args.embed_dim % HEADS):
         raise SystemExit(f"depth.py: --embed-dim {args.embed_dim}: a positive multiple of "
                          f"{HEADS} (the heads)")
@@ -166,7 +171,8 @@ def run(args):
         embed_dim = 32
     else:
         depths = tuple(args.depths)
-        cfg = dict(vocab=33278, context=128, batch=16, gen_batch=1, gen_context=8, gen_tokens=8)
+        cfg = dict(vocab=33278, context=128, batch=args.batch or BATCH, gen_batch=1,
+                   gen_context=8, gen_tokens=8)
         embed_dim = args.embed_dim or EMBED_DIM
     names = chosen_rows(args.rows, args.device)
     # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
@@ -261,6 +267,10 @@ def parser():
                    "WikiText-2 comparison's; FFN 4x, heads, context and batch unchanged): on a "
                    "GPU the narrow model's steps are kernel-launch bound, a wider one shows the "
                    "methods' arithmetic share")
+    p.add_argument("--batch", type=int, help=f"sequences per update (default {BATCH}, the "
+                   "comparison's): on a GPU in fp16 the plain step at batch 16 is launch-bound "
+                   "even at d=1024 (results/gpu_check_h200); a larger batch measures the "
+                   "methods' arithmetic")
     return p
 
 
