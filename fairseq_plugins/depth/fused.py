@@ -10,8 +10,8 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 ``model.fused_kernels=false``) keeps the eager code everywhere.
 
 What is fused so far: the multi-stream connections' per-position product of the weights and
-the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections) and mHC's
-Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once
+the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), the
+dynamic coefficients of Hyper- and Frac-Connections, and mHC's Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once
 in the log at build); Attention Residuals' weighted sum over the sources and MUDD's dense mix.
 """
 import importlib.util
@@ -79,6 +79,16 @@ def stream_products(alpha: Tensor, stream: Tensor) -> Tensor:
     from ..kernels.stream_products import stream_products as kernel
 
     return kernel(alpha, stream)
+
+
+def dynamic_coefficients(x: Tensor, weight: Tensor, bias: Tensor, static: Tensor,
+                         scale: Tensor) -> Tensor:
+    """The fused dynamic coefficients of Hyper- and Frac-Connections, ``static + scale *
+    tanh(LN(x) maps)`` with the LayerNorm folded into the maps
+    (:func:`fairseq_plugins.kernels.dynamic_coefficients.dynamic_coefficients`)."""
+    from ..kernels.dynamic_coefficients import dynamic_coefficients as kernel
+
+    return kernel(x, weight, bias, static, scale)
 
 
 def sinkhorn_scaling(m: Tensor, iterations: int) -> Tensor:

@@ -40,6 +40,7 @@ from fairseq.dataclass import FairseqDataclass
 from ..config import option
 from .interface import Layout
 from .registry import Method, Stack
+from . import fused
 from .multi_stream import MultiStream, mean_square, statistics_dtype
 
 logger = logging.getLogger(__name__)
@@ -272,7 +273,9 @@ class HyperConnections(MultiStream):
             static = torch.cat([alpha, beta.unsqueeze(-1)], dim=-1)  # n x (R+n+1)
             scale = torch.cat([self.alpha_scale[k].expand(self.reads + n),
                                self.beta_scale[k].view(1)])
-            coefficients = _DynamicCoefficients.apply(
+            # the same function in one kernel each way where a fused path runs
+            coefficients = (fused.dynamic_coefficients if self.fused and fused.runs_on(stream)
+                            else _DynamicCoefficients.apply)(
                 stream, maps * self.norm_weight[k], maps @ self.norm_bias[k], static, scale)
             # split, not slices: a slice's backward zero-fills a tensor of the whole product
             alpha, beta = coefficients.split([self.reads + n, 1], dim=-1)

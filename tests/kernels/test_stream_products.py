@@ -78,14 +78,18 @@ def test_a_model_with_the_fused_path_computes_the_eager_models_function(method, 
     """Same seed with and without --no-fused-kernels: the same parameters, outputs and
     gradients (float64, where both are exact up to summation order); the kernel ran in every
     sub-layer, but the first where the stack starts as n equal streams (they take a sum; Frac-
-    Connections start from the fractions)."""
+    Connections start from the fractions); the dynamic variants' coefficients kernel
+    (kernels/dynamic_coefficients.py) in every sub-layer."""
     calls = count_calls(monkeypatch, "stream_products", lambda alpha, stream: stream.shape)
+    coefficients = count_calls(monkeypatch, "dynamic_coefficients", lambda x, *rest: x.shape)
     models = twin_language_models(method, seed=3)
     assert models[0].decoder.depth.connection.fused
     assert not models[1].decoder.depth.connection.fused
     assert_same_function(models)
     sub_layers = 2 * 4
     assert len(calls) == sub_layers - (method[0] != "--frac-connections")
+    dynamic = method[0] != "--mhc" and method[1] == "dynamic"
+    assert len(coefficients) == (sub_layers if dynamic else 0)
 
 
 def test_the_seq2seq_family_takes_the_fused_path(monkeypatch):
