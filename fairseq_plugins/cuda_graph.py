@@ -133,7 +133,9 @@ class GraphedBlocks:
         if self.graphed is None:
             blocks = _Blocks(run, parts)
             self.params = [p for p in blocks.parameters() if p.requires_grad]
-            self.graphed = capture(blocks, x)
+            # the graph's own input buffer (each replay copies the batch into it), not this
+            # batch's x, which is part of this pass's autograd graph
+            self.graphed = capture(blocks, x.detach().clone().requires_grad_(x.requires_grad))
             self.key = key
             logger.info("%s --cuda-graph: captured the blocks for batches of shape %s (%s)",
                         self.where, "x".join(map(str, x.shape)), x.dtype)

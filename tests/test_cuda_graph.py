@@ -43,6 +43,7 @@ class StandIn(nn.Module):
     def __init__(self, module, x):
         super().__init__()
         self.module, self.shape, self.replays = module, tuple(x.shape), 0
+        self.sample = x
 
     def forward(self, x):
         assert tuple(x.shape) == self.shape  # a graph replays one shape only
@@ -79,6 +80,8 @@ def test_training_passes_of_the_captured_shape_replay_the_graph_and_others_run_e
                 torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
     assert len(stand_in) == 1 and stand_in[0].shape == (9, 4, 32)  # T x B x C
     assert stand_in[0].replays == 3
+    # captured on a buffer of its own, not on the first batch's x (part of that pass's graph)
+    assert stand_in[0].sample.grad_fn is None and stand_in[0].sample.requires_grad
     said = [r.getMessage() for r in caplog.records if "--cuda-graph" in r.getMessage()]
     assert said == [
         "gpt_baseline_lm_mhc_tiny --cuda-graph: captured the blocks for batches of shape 9x4x32 "

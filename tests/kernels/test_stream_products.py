@@ -54,10 +54,13 @@ def test_the_hand_written_backward_passes_gradcheck():
     torch.manual_seed(0)
     alpha = torch.randn(5, 3, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
     stream = torch.randn(5, 3, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
-    assert torch.autograd.gradcheck(kernel.StreamProducts.apply, (alpha, stream))
+    # fast mode (a random projection of the Jacobian): the full check ran the interpreted
+    # kernel for half a minute of CI; the float64 comparison above checks every gradient
+    assert torch.autograd.gradcheck(kernel.StreamProducts.apply, (alpha, stream), fast_mode=True)
     static = torch.randn(3, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, s: kernel.StreamProducts.apply(a.expand(5, 3, 4), s), (static, stream))
+        lambda a, s: kernel.StreamProducts.apply(a.expand(5, 3, 4), s), (static, stream),
+        fast_mode=True)
 
 
 def test_half_precision_accumulates_in_float32():
