@@ -48,8 +48,8 @@ class CudaGraphConfig(FairseqDataclass):
     """Flag ``--cuda-graph``; hydra ``model.cuda_graph``."""
     cuda_graph: Optional[bool] = option(
         False, "run the training forward and backward of the blocks as a CUDA graph (on CUDA; "
-               "needs --sample-break-mode none: static shapes); a batch of another shape, "
-               "validation and decoding run eager")
+               "needs static shapes: --sample-break-mode none or --pad-to-fixed-length); a "
+               "batch of another shape, validation and decoding run eager")
     sample_break_mode: Optional[str] = from_config(
         "task.sample_break_mode", "the task's sample-break mode: whether every sample has "
                                   "--tokens-per-sample tokens")

@@ -11,8 +11,9 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 
 What is fused so far: the multi-stream connections' per-position product of the weights and
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), the
-dynamic coefficients of Hyper- and Frac-Connections, and mHC's Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once
-in the log at build); Attention Residuals' weighted sum over the sources and MUDD's dense mix.
+dynamic coefficients of Hyper- and Frac-Connections, and mHC's Sinkhorn-Knopp, for up to
+``MAX_STREAMS`` streams (beyond that the eager path runs, said once in the log at build);
+Attention Residuals' weighted sum over the sources and MUDD's dense mix.
 """
 import importlib.util
 import logging

@@ -92,10 +92,10 @@ def _backward_kernel(x_ptr, w_ptr, b_ptr, a_ptr, grad_ptr, mean_ptr, rstd_ptr, g
     j = tl.arange(0, R_PAD)
     j_mask = j < R
     x_row = x_ptr + row * width
-    acc, w_sum, s1, s2 = _row_products(x_row, w_ptr, width, j, j_mask, R_PAD, BLOCK, ACC)
+    acc, w_sum, _, s2 = _row_products(x_row, w_ptr, width, j, j_mask, R_PAD, BLOCK, ACC)
     mean = tl.load(mean_ptr + row)
     rstd = tl.load(rstd_ptr + row)
-    positive = (s2 / width - (s1 / width) * (s1 / width)) > 0  # the clamp's gradient
+    positive = (s2 / width - mean * mean) > 0  # the clamp's gradient
     b = tl.load(b_ptr + j, mask=j_mask, other=0.0).to(ACC)
     a = tl.load(a_ptr + j, mask=j_mask, other=0.0).to(ACC)
     grad = tl.load(grad_ptr + row * R + j, mask=j_mask, other=0.0).to(ACC)
@@ -162,8 +162,7 @@ class DynamicCoefficients(torch.autograd.Function):
         _backward_kernel[(rows,)](flat, weight, bias, scale_c, grad, mean, rstd, grad_x, g, g_p,
                                   g_y, width, **ctx.meta)
         # what every row contributes to the parameters: summed over the rows here
-        g_weight = torch.addmm((g_p * mean.unsqueeze(-1)).sum(0).unsqueeze(-1).neg().expand(
-            r, width), g_p.t(), flat.to(dtype))
+        g_weight = torch.addmm(-(g_p * mean[:, None]).sum(0)[:, None], g_p.t(), flat.to(dtype))
         return (grad_x.view(ctx.shape), g_weight.to(weight.dtype), g.sum(0).to(bias.dtype),
                 g_static.to(static.dtype), g_y.sum(0).to(scale.dtype))
 

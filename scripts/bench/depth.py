@@ -18,8 +18,8 @@ forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow
 by) and the kernel's share of each model's CPU time in the timed steps (page faults: on CPU
 they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under).
 ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN 4x;
-heads, context and batch unchanged), ``--batch`` another batch. The worker is ``lm.py``'s. Ratios are the result; absolute
-numbers only mean something on a GPU.
+heads, context and batch unchanged), ``--batch`` another batch. The worker is ``lm.py``'s.
+Ratios are the result; absolute numbers only mean something on a GPU.
 """
 import os
 import sys

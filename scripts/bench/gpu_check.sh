@@ -30,6 +30,16 @@ STAGES=${STAGES:-tests bench graph equality}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# bench NAME WIDTH BATCH ROWS: the depth bench at 12 blocks in fp16 -> $OUT/NAME.{json,md}
+bench() {
+    SECONDS=0
+    "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim "$2" \
+        --batch "$3" --rows "$4" --out "$OUT/$1.json" > /dev/null
+    "$PY" -c "import json, sys; from layerlab import paths
+print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.argv[1]))))" \
+        "$OUT/$1.json" | tee "$OUT/$1.md"
+    echo "[gpu_check] $1: ${SECONDS}s" >&2
+}
 if ! "$PY" -c "import fairseq" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .gpu-wheels/*-none-any.whl \
         .gpu-wheels/*-cp3*-manylinux*.whl .gpu-wheels/antlr4*.tar.gz
@@ -69,27 +79,13 @@ if stage bench; then
     # d = 1024 at batch 64: at the comparison's 16 the plain fp16 step is launch-bound even
     # there (25 ms at d = 128 and d = 1024 on an H200), so the d = 1024 targets need a batch
     # whose plain step is arithmetic; the eager twins are measured at d = 128 only
-    for width in 128 1024; do
-        SECONDS=0
-        if [ "$width" = 128 ]; then rows=$ROWS batch=16; else rows=$FUSED,dwa,value_residual batch=64; fi
-        "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim "$width" \
-            --batch "$batch" --rows "$rows" --out "$OUT/bench_depth_d$width.json" > /dev/null
-        "$PY" -c "import json, sys; from layerlab import paths
-print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.argv[1]))))" \
-            "$OUT/bench_depth_d$width.json" | tee "$OUT/bench_depth_d$width.md"
-        echo "[gpu_check] bench d=$width: ${SECONDS}s" >&2
-    done
+    bench bench_depth_d128 128 16 "$ROWS"
+    bench bench_depth_d1024 1024 64 "$FUSED,dwa,value_residual"
 fi
 if stage graph; then
     # the training passes of the blocks as a CUDA graph (--cuda-graph), against the plain
     # model without it in the same process: what the launches cost
-    SECONDS=0
-    "$PY" scripts/bench/depth.py --device cuda --fp16 --depths 12 --embed-dim 128 \
-        --rows "$GRAPH_ROWS" --out "$OUT/bench_graph_d128.json" > /dev/null
-    "$PY" -c "import json, sys; from layerlab import paths
-print(paths.load_script('bench', 'depth.py').markdown_table(json.load(open(sys.argv[1]))))" \
-        "$OUT/bench_graph_d128.json" | tee "$OUT/bench_graph_d128.md"
-    echo "[gpu_check] graph bench d=128: ${SECONDS}s" >&2
+    bench bench_graph_d128 128 16 "$GRAPH_ROWS"
 fi
 if stage equality; then
     SECONDS=0
