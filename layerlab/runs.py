@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 from . import paths
@@ -31,13 +32,42 @@ def diverged(error):
     return "FloatingPointError" in str(error) or "nan" in str(error).lower()
 
 
-def run_logged(cmd, log=None, append=False) -> float:
+def process_cpu_seconds(pid):
+    """CPU seconds (user + system, its waited-for children included) that the running process
+    ``pid`` has used so far, from Linux's ``/proc/<pid>/stat``; None where that is not there
+    (another system, or the process already reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # the fields after the command name, which is in parentheses and may hold spaces
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields 14-17 of proc(5) (utime, stime, cutime, cstime), here from the state (field 3) on
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_logged(cmd, log=None, append=False, on_cpu=None, every=30.0) -> float:
     """Run ``cmd`` (output into the file ``log`` when given, after what it holds with
     ``append``, else to the terminal) -> its CPU seconds (user + system, its own children
-    included); raise :class:`StepError` when it fails."""
+    included); raise :class:`StepError` when it fails.
+
+    ``on_cpu(seconds)``, when given, is called with the CPU seconds used so far every ``every``
+    seconds while the command runs and once with the total when it ends (failed or not), so a
+    caller that is itself killed (a session's end) has recorded all but the last ``every``
+    seconds of the count."""
     cmd = [str(c) for c in cmd]
     with open(log, "a" if append else "w") if log else contextlib.nullcontext() as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT if f else None)
+        done = threading.Event()
+
+        def report_progress():
+            while not done.wait(every):
+                seconds = process_cpu_seconds(proc.pid)
+                if seconds is not None and not done.is_set():
+                    on_cpu(seconds)
+        watcher = threading.Thread(target=report_progress, daemon=True) if on_cpu else None
+        if watcher:
+            watcher.start()
         try:
             # wait4: this child's own resource usage (other runs of a pool not mixed in)
             _, status, usage = os.wait4(proc.pid, 0)
@@ -45,8 +75,14 @@ def run_logged(cmd, log=None, append=False) -> float:
             proc.kill()
             proc.wait()
             raise
+        finally:
+            done.set()
+            if watcher:
+                watcher.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     cpu_seconds = usage.ru_utime + usage.ru_stime
+    if on_cpu:
+        on_cpu(cpu_seconds)
     if proc.returncode != 0:
         tail = ""
         if log:

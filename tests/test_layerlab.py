@@ -50,6 +50,25 @@ def test_a_failed_step_names_the_command_and_ends_with_its_log(tmp_path):
     assert log.read_text() == "fine\n"
 
 
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="needs Linux /proc")
+def test_a_running_step_reports_its_cpu_time_while_it_runs(tmp_path):
+    """on_cpu sees the count grow while the command runs (what a caller killed mid-run has
+    kept), then the total, which is the returned value, also for a failing command."""
+    seen = []
+    busy = "import time\nend = time.process_time() + 1.2\nwhile time.process_time() < end: pass"
+    total = runs.run_logged([sys.executable, "-c", busy], str(tmp_path / "busy.log"),
+                            on_cpu=seen.append, every=0.2)
+    assert len(seen) >= 3 and seen[-1] == total >= 1.2
+    assert seen[:-1] == sorted(seen[:-1]) and 0 < seen[-2] <= total
+    # the count of another process is not this one's: the helper reads the given pid
+    assert runs.process_cpu_seconds(os.getpid()) > 0
+    failed = []
+    with pytest.raises(runs.StepError):
+        runs.run_logged([sys.executable, "-c", "import sys; sys.exit(2)"],
+                        str(tmp_path / "fail.log"), on_cpu=failed.append)
+    assert len(failed) == 1 and failed[0] > 0
+
+
 def test_results_resume_only_when_finished(tmp_path):
     run_dir = str(tmp_path / "run")
     runs.fresh_run_dir(run_dir)

@@ -325,11 +325,12 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         pass
     real = comparison.runs.run_logged
 
-    def killed_after_two_updates(cmd, log=None, append=False):
+    def killed_after_two_updates(cmd, log=None, append=False, on_cpu=None):
         if any("train" in str(part) for part in cmd[:3]):  # fairseq-train / fairseq_cli.train
-            real([*cmd, "--max-update", 2], log, append)  # the later flag wins
+            # the later flag wins; the count seen while it ran stays, as if killed after it
+            real([*cmd, "--max-update", 2], log, append, on_cpu=on_cpu)
             raise Killed
-        return real(cmd, log, append)
+        return real(cmd, log, append, on_cpu=on_cpu)
     monkeypatch.setattr(comparison.runs, "run_logged", killed_after_two_updates)
     out = tmp_path / "stopped"
     argv = [*common, "--out-dir", str(out), "--save-interval-updates", "2"]
@@ -337,6 +338,8 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         comparison.main(argv)
     run = out / "d2" / "baseline" / "seed1"
     assert (run / "checkpoint_last.pt").exists() and not (run / "result.json").exists()
+    first_process = json.loads((run / "cpu_seconds.json").read_text())
+    assert len(first_process) == 1 and first_process[0] > 0
     monkeypatch.undo()
     assert comparison.main(argv) == 0
     resumed = json.loads((run / "result.json").read_text())
@@ -347,9 +350,9 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
     assert np.array_equal(np.load(run / "test_blocks.npy"), np.load(whole / "test_blocks.npy"))
     assert resumed["train_losses"] == uninterrupted["train_losses"]
     assert len(resumed["train_losses"]) == 4
-    # its CPU time: known for the run that trained in one process, unknown (not a part) for the
-    # one whose first process was killed
-    assert uninterrupted["train_cpu_seconds"] > 0 and resumed["train_cpu_seconds"] is None
+    # its CPU time: the killed process's count (kept while it ran) plus the second one's
+    assert uninterrupted["train_cpu_seconds"] > 0
+    assert resumed["train_cpu_seconds"] > first_process[0]
     assert not any(p.suffix == ".pt" or p.name == "started.json" for p in run.iterdir())
 
 
@@ -408,7 +411,7 @@ def test_kept_runs_let_a_fresh_output_folder_resume_without_training(lm_bin, tmp
         "analysis/analysis.json", "result.json", "test_blocks.npy"]
     assert (kept / "dictionary.sha256").exists()
 
-    def no_training(cmd, log=None, append=False):
+    def no_training(cmd, log=None, append=False, on_cpu=None):
         raise AssertionError(f"trained again: {cmd}")
     monkeypatch.setattr(comparison.runs, "run_logged", no_training)
     fresh = tmp_path / "fresh"

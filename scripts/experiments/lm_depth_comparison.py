@@ -312,11 +312,18 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         saves += ["--keep-interval-updates-pattern", args.curve_interval]
     cpu_file = os.path.join(run_dir, CPU_SECONDS)
     segments = runs.read_json(cpu_file)
-    if segments is not None:  # this process's place, filled in when it ends
-        runs.write_json(cpu_file, segments + [None])
+
+    def record_cpu(seconds):
+        # this process's count so far in its own place (a null there: a process of a run begun
+        # before the count was kept while it trained); a process killed with this script (a
+        # session's end) loses at most the last interval of its count, not all of it
+        runs.write_json(cpu_file, segments + [round(seconds, 1)])
+    if segments is not None:
+        record_cpu(0.0)
     try:
         cpu = runs.run_logged(runs.train_command(args.data, run_dir, seed, [
-            "--arch", arch, *flags, *args_recipe_flags(args), *saves]), log, append=resumed)
+            "--arch", arch, *flags, *args_recipe_flags(args), *saves]), log, append=resumed,
+            on_cpu=record_cpu if segments is not None else None)
     except runs.StepError as e:
         # a loss that became NaN / inf is a result of the row (reported as diverged), any
         # other failure a bug to see
@@ -337,7 +344,6 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     # other runs sharing the machine, and adds up over the processes of a resumed run
     if segments is not None:
         segments.append(round(cpu, 1))
-        runs.write_json(cpu_file, segments)
     complete = segments is not None and None not in segments
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
