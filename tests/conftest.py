@@ -157,7 +157,10 @@ LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_
               "test_interrupted.py::", "test_tables.py::test_lrf_cfq_smoke",
               # 40-65 s each in the CI of 2026-11-27 (846 tests)
               "test_lm_depth_comparison.py::test_a_tiny_comparison",
-              "test_lm_depth_comparison.py::test_kept_runs",
+              # 40-95 s each in the CI of 2026-11-28 (968 tests)
+              "test_kernels.py::test_kernels_under_the_triton_interpreter",
+              "test_lm_depth_comparison.py::test_a_longer_run",
+              "test_lm_depth_comparison.py::test_an_interrupted_run",
               "test_end_to_end.py::test_compare_seeds_summarises",
               "test_prepare.py::test_wikitext2_real_files",
               "test_prepare.py::test_cfq_mcd1_real_preprocessed_files")

@@ -92,10 +92,46 @@ def test_missing_data_and_another_dictionary_are_refused(lm_bin, tmp_path, capsy
     assert not (out / "d4").exists()
 
 
-def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, tmp_path):
-    out = tmp_path / "out"
+def check_kept_runs(argv, kept, first_out, monkeypatch, capsys):
+    """--keep-runs: what the report reads of each finished run is copied to the kept folder
+    (committed), and a new machine's empty output folder takes the runs from there: the same
+    report and figures, nothing trained again."""
+    argv = [*argv, "--keep-runs", str(kept)]
+    first = json.loads((first_out / "results.json").read_text())
+    run = kept / "d2" / "mhc_lite" / "seed1"
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
+        "analysis/analysis.json", "result.json", "test_blocks.npy"]
+    assert (kept / "dictionary.sha256").exists()
+
+    def no_training(cmd, log=None, append=False, on_cpu=None):
+        raise AssertionError(f"trained again: {cmd}")
+    monkeypatch.setattr(comparison.runs, "run_logged", no_training)
+    fresh = first_out.parent / "fresh"
+    assert comparison.main([*argv, "--out-dir", str(fresh)]) == 0
+    again = json.loads((fresh / "results.json").read_text())
+    assert {**again, "written": None} == {**first, "written": None}
+    assert (fresh / "weights_d2.png").stat().st_size > 0  # from the kept first-seed analysis
+    assert np.array_equal(np.load(fresh / "d2" / "mhc_lite" / "seed1" / "test_blocks.npy"),
+                          np.load(run / "test_blocks.npy"))
+    # a report alone takes them too
+    report = first_out.parent / "report"
+    assert comparison.main([*argv, "--out-dir", str(report), "--report-only"]) == 0
+    assert json.loads((report / "results.json").read_text())["depths"] == first["depths"]
+    # kept runs made with another dictionary are refused before anything runs
+    (kept / "dictionary.sha256").write_text("0" * 64 + "\n")
+    capsys.readouterr()
+    assert comparison.main([*argv, "--out-dir", str(first_out.parent / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "another dictionary than the runs in" in err and "another --keep-runs" in err
+    monkeypatch.undo()
+
+
+def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, tmp_path,
+                                                                       monkeypatch, capsys):
+    out, kept = tmp_path / "out", tmp_path / "kept"
     argv = ["--data", str(lm_bin), "--out-dir", str(out), "--rows", "baseline,mhc_lite", *TINY]
-    assert comparison.main([*argv, "--jobs", "2"]) == 0  # two runs at a time
+    # two runs at a time; each finished run also copied to the kept folder (checked below)
+    assert comparison.main([*argv, "--jobs", "2", "--keep-runs", str(kept)]) == 0
     report = json.loads((out / "results.json").read_text())
     rows = report["depths"]["2"]
     # mHC-lite's maps read n C per sub-layer (> 2%): a baseline with a wider FFN matches them
@@ -153,6 +189,7 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert "Amax gain" in (out / "results.md").read_text()
     assert (out / "weights_d2.png").stat().st_size > 0  # the learned connection weights
     assert (out / "layers_d2.png").stat().st_size > 0  # logit lens, CKA, update norms per row
+    check_kept_runs(argv, kept, out, monkeypatch, capsys)
     # a report of what is finished so far trains nothing and says which seeds each row has
     assert comparison.main([*argv, "--seeds", "1,2", "--report-only"]) == 0
     assert not (out / "d2" / "baseline" / "seed2").exists()
@@ -394,45 +431,6 @@ def test_the_ranking_across_depths_and_its_rank_correlation():
     partial, lines = comparison.ranking_across_depths(
         {"4": table(shallow), "12": table({"a": -0.1, "b": 0.0})})
     assert partial["spearman"] is None and partial["rows"] == ["a", "b"] and lines == []
-
-
-def test_kept_runs_let_a_fresh_output_folder_resume_without_training(lm_bin, tmp_path,
-                                                                      monkeypatch, capsys):
-    """--keep-runs: what the report reads of each finished run is copied to the kept folder
-    (committed), and a new machine's empty output folder takes the runs from there: the same
-    report and figures, nothing trained again."""
-    kept = tmp_path / "kept"
-    argv = ["--data", str(lm_bin), "--rows", "baseline,mhc_lite", *TINY, "--keep-runs",
-            str(kept)]
-    assert comparison.main([*argv, "--out-dir", str(tmp_path / "first")]) == 0
-    first = json.loads((tmp_path / "first" / "results.json").read_text())
-    run = kept / "d2" / "mhc_lite" / "seed1"
-    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
-        "analysis/analysis.json", "result.json", "test_blocks.npy"]
-    assert (kept / "dictionary.sha256").exists()
-
-    def no_training(cmd, log=None, append=False, on_cpu=None):
-        raise AssertionError(f"trained again: {cmd}")
-    monkeypatch.setattr(comparison.runs, "run_logged", no_training)
-    fresh = tmp_path / "fresh"
-    assert comparison.main([*argv, "--out-dir", str(fresh)]) == 0
-    again = json.loads((fresh / "results.json").read_text())
-    for report in (first, again):
-        report.pop("written")
-    assert again == first
-    assert (fresh / "weights_d2.png").stat().st_size > 0  # from the kept first-seed analysis
-    assert np.array_equal(np.load(fresh / "d2" / "mhc_lite" / "seed1" / "test_blocks.npy"),
-                          np.load(run / "test_blocks.npy"))
-    # a report alone takes them too
-    assert comparison.main([*argv, "--out-dir", str(tmp_path / "report"), "--report-only"]) == 0
-    assert json.loads((tmp_path / "report" / "results.json").read_text())["depths"] == \
-        first["depths"]
-    # kept runs made with another dictionary are refused before anything runs
-    (kept / "dictionary.sha256").write_text("0" * 64 + "\n")
-    capsys.readouterr()
-    assert comparison.main([*argv, "--out-dir", str(tmp_path / "other")]) == 2
-    err = capsys.readouterr().err
-    assert "another dictionary than the runs in" in err and "another --keep-runs" in err
 
 
 fp16_check = paths.load_script("experiments", "lm_fp16_check.py")
