@@ -208,14 +208,29 @@ class AttentionResiduals(WeightSource, Connection):
         self.record = record
 
     def accepts_fused(self, where: str) -> bool:
-        """The depth mix's weighted sum has a kernel for any number of sources."""
+        """A read runs as one kernel (:func:`fused.depth_attention`: norms, logits, softmax and
+        sum) up to the kernel's width; wider, the logits and the softmax run eagerly and the
+        weighted sum as a kernel (any number of sources either way)."""
+        if not fused.depth_attention_supported(self.queries.size(1), where):
+            self.whole_read_fused = False
         return True
+
+    # whether a read may run as one kernel (set False at build where the width is too large)
+    whole_read_fused = True
 
     def start(self, x: Tensor) -> StackState:
         return StackState(x, [x])
 
     def new_slot(self, x: Tensor) -> "_Pass":
-        return _Pass([self._logits(x)], {} if self.record is not None else None)
+        weights = {} if self.record is not None else None
+        # one kernel per read: not while the weights are logged (they need the softmax's
+        # weights, which the kernel does not keep), else on a device the kernels run on
+        if (self.fused and self.whole_read_fused and weights is None
+                and fused.runs_on(x)):
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                queries = (self.queries * self.key_gains).to(statistics_dtype(x))
+            return _Pass(None, None, queries)
+        return _Pass([self._logits(x)], weights)
 
     def _logits(self, v: Tensor, k: Optional[int] = None):
         """w_k . RMSNorm_k(v) for every query k (a tuple of K+1 tensors T x B, one per query:
@@ -235,11 +250,14 @@ class AttentionResiduals(WeightSource, Connection):
                                                                       + RMS_EPS)
         return logits.unbind(-1) if k is None else logits.squeeze(-1)
 
-    def _attend(self, state: StackState, sources: List[Tensor], logits: List[Tensor],
-                k: int) -> Tensor:
+    def _attend(self, state: StackState, sources: List[Tensor],
+                logits: Optional[List[Tensor]], k: int) -> Tensor:
         """sum_i alpha_i v_i with alpha = softmax_i(w_k . RMSNorm_k(v_i)): T x B x C, from the
-        sources' logits for query k (T x B each). The sources are combined one by one (no
-        stacked copy, which autograd would keep per sub-layer: O(K^2 C))."""
+        sources' logits for query k (T x B each; None: the pass reads with the one-kernel
+        path, which computes them). The sources are combined one by one (no stacked copy,
+        which autograd would keep per sub-layer: O(K^2 C))."""
+        if logits is None:
+            return fused.depth_attention(state.slot(self).queries[k], *sources)
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
             alpha = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
         weights = state.slot(self).weights
@@ -253,7 +271,10 @@ class AttentionResiduals(WeightSource, Connection):
         """(sources, their logits for query k) that query k attends: the completed sources
         (their logits computed when they completed), and the open group's partial sum (its
         logit computed now: it changes with every sub-layer)."""
-        logits = [per_query[k] for per_query in state.slot(self).logits]
+        slot = state.slot(self)
+        if slot.logits is None:  # the one-kernel read computes the logits
+            return state.history + ([state.stream] if include_partial else []), None
+        logits = [per_query[k] for per_query in slot.logits]
         if not include_partial:
             return state.history, logits
         partial = state.stream
@@ -271,7 +292,9 @@ class AttentionResiduals(WeightSource, Connection):
         state.stream = out if first else state.stream + out
         if last:  # the group is complete: its sum becomes a source
             state.history.append(state.stream)
-            state.slot(self).logits.append(self._logits(state.stream))
+            slot = state.slot(self)
+            if slot.logits is not None:
+                slot.logits.append(self._logits(state.stream))
 
     def end_block(self, state: StackState, block: int):
         pass  # the sources are kept by write
@@ -318,9 +341,12 @@ class AttentionResiduals(WeightSource, Connection):
 class _Pass:
     """What Attention Residuals keep during one forward pass: ``logits``, every completed
     source's logits for every query (computed once, when the source completes:
-    :meth:`AttentionResiduals._logits`; x_0's first); ``weights``, the mean weight on every
-    source per query {k: per source}, while it logs (None otherwise)."""
-    __slots__ = ("logits", "weights")
+    :meth:`AttentionResiduals._logits`; x_0's first), or None where every read runs as one
+    kernel; ``weights``, the mean weight on every source per query {k: per source}, while it
+    logs (None otherwise); ``queries``, with the one-kernel reads, the pseudo-queries times the
+    keys' gains, (K+1) x C in the statistics dtype (computed once per pass)."""
+    __slots__ = ("logits", "weights", "queries")
 
-    def __init__(self, logits: List[Tuple[Tensor, ...]], weights: Optional[Dict[int, Tensor]]):
-        self.logits, self.weights = logits, weights
+    def __init__(self, logits: Optional[List[Tuple[Tensor, ...]]],
+                 weights: Optional[Dict[int, Tensor]], queries: Optional[Tensor] = None):
+        self.logits, self.weights, self.queries = logits, weights, queries

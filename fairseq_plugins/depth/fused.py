@@ -13,7 +13,9 @@ What is fused so far: the multi-stream connections' per-position product of the 
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), the
 dynamic coefficients of Hyper- and Frac-Connections, and mHC's Sinkhorn-Knopp, for up to
 ``MAX_STREAMS`` streams (beyond that the eager path runs, said once in the log at build);
-Attention Residuals' weighted sum over the sources and MUDD's dense mix.
+Attention Residuals' read (the keys' norms, the logits, the depth softmax and the weighted sum
+over the sources, one kernel up to a width of ``DEPTH_ATTENTION_MAX_WIDTH``; the weighted sum
+alone beyond it and while the weights are logged) and MUDD's dense mix.
 """
 import importlib.util
 import logging
@@ -98,6 +100,28 @@ def sinkhorn_scaling(m: Tensor, iterations: int) -> Tensor:
     from ..kernels.sinkhorn import sinkhorn_scaling as kernel
 
     return kernel(m, iterations)
+
+
+def depth_attention_supported(width: int, where: str) -> bool:
+    """Whether Attention Residuals' one-kernel read holds rows of ``width``; if not, one log
+    line saying that ``where`` computes the logits and the softmax eagerly."""
+    from ..kernels import DEPTH_ATTENTION_MAX_WIDTH
+
+    if width <= DEPTH_ATTENTION_MAX_WIDTH:
+        return True
+    logger.info("%s: width %d is more than the depth-attention kernel's %d; the logits and the "
+                "softmax run eagerly, the weighted sum as a kernel", where, width,
+                DEPTH_ATTENTION_MAX_WIDTH)
+    return False
+
+
+def depth_attention(query: Tensor, *sources: Tensor) -> Tensor:
+    """Attention Residuals' read in one kernel: the keys' RMS norms, the logits against
+    ``query``, the depth softmax and the weighted sum
+    (:func:`fairseq_plugins.kernels.depth_attention.depth_attention`)."""
+    from ..kernels.depth_attention import depth_attention as kernel
+
+    return kernel(query, *sources)
 
 
 def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:

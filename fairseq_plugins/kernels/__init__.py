@@ -2,6 +2,10 @@
 when they run). Nothing here is imported unless a fused path can run: Triton ships with torch's
 CUDA wheels, not with its CPU wheels, and the CPU keeps the eager code."""
 
+# Attention Residuals' one-kernel read holds a row in registers (the kernel and its dispatch
+# read this; the module itself imports Triton)
+DEPTH_ATTENTION_MAX_WIDTH = 4096
+
 
 def accumulator(dtype):
     """The Triton type the kernels accumulate in for inputs of torch ``dtype``: float64 for

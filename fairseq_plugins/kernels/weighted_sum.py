@@ -75,6 +75,10 @@ def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_
                  mask=way_ok)
 
 
+# the pinned address tables copied while a CUDA graph was captured (--cuda-graph)
+_CAPTURED_TABLES = []
+
+
 def _table(tensors) -> Tensor:
     """The tensors' addresses, int64, on their device (the kernel reads the sources through it).
     To a GPU through pinned memory (torch's caching host allocator) without a host sync: a copy
@@ -82,7 +86,13 @@ def _table(tensors) -> Tensor:
     addresses = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
     if not tensors[0].is_cuda:
         return addresses
-    return addresses.pin_memory().to(tensors[0].device, non_blocking=True)
+    pinned = addresses.pin_memory()
+    if torch.cuda.is_current_stream_capturing():
+        # a captured copy reads this host memory again at every replay: it must outlive the
+        # graph, not go back to the allocator for another table to overwrite (a few bytes per
+        # read, once per captured shape)
+        _CAPTURED_TABLES.append(pinned)
+    return pinned.to(tensors[0].device, non_blocking=True)
 
 
 class WeightedSums(torch.autograd.Function):
