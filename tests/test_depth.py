@@ -419,7 +419,8 @@ def _mhc_mixing(model, tokens):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for i, block in enumerate(decoder.layers):
             for name in connection.layout[i]:
-                out.append(connection.coefficients(state.stream, connection.sites[(i, name)])[2])
+                out.append(connection.coefficients(state.stream, connection.sites[(i, name)],
+                                                   state.slot(connection))[2])
             block(state, decoder.depth)
             decoder.depth.end_block(state, i)
     return out
@@ -1035,3 +1036,45 @@ def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch, extr
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "64",
                   "--required-batch-size-multiple", "1", "--max-len-b", "20")
     assert sum(line.startswith("H-") for line in out.splitlines()) == 200
+
+
+@pytest.mark.parametrize("flags", [["--hyper-connections", "dynamic"], ["--mhc", "sinkhorn"],
+                                   ["--mhc", "lite"], ["--frac-connections", "dynamic"]])
+def test_the_stacked_parameters_are_sliced_once_per_pass(flags):
+    """A sub-layer's slice of a parameter stacked over the sub-layers (K x ...) comes from one
+    unbind per pass (multi_stream._Pass.sublayer): the backward runs no per-slice
+    zero-filled gradient of the whole parameter (select_backward: 8 per sub-layer when each
+    sub-layer indexed its slices), and the gradients are the indexing model's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    from fairseq_plugins.depth import multi_stream
+
+    def gradients(monkeypatch=None):
+        model = build_language_model("gpt_baseline_lm_tiny", flags + ["--no-fused-kernels"],
+                                     seed=3)[0].double()
+        tokens = torch.randint(4, 24, (2, 7), generator=torch.Generator().manual_seed(0))
+        loss = model(tokens)[0].square().sum()
+        with Names() as seen:
+            loss.backward()
+        return seen.names, {n: p.grad for n, p in model.decoder.depth.named_parameters()}
+
+    names, unbound = gradients()
+    assert "select_backward" not in names and "stack" in names
+    # the gradients of a model whose sub-layers index their slices (the former way)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multi_stream._Pass, "sublayer",
+                      lambda self, connection, name, k: getattr(connection, name)[k])
+        names, indexed = gradients()
+    assert "select_backward" in names  # what the counter above would have caught
+    assert indexed.keys() == unbound.keys()
+    for name, grad in unbound.items():
+        torch.testing.assert_close(grad, indexed[name], rtol=1e-12, atol=1e-14, msg=name)

@@ -254,12 +254,14 @@ class HyperConnections(MultiStream):
                 state_dict[f"{prefix}{key}"] = torch.full_like(getattr(self, key).detach(),
                                                                value)
 
-    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    def weights(self, stream: Tensor, k: int, own) -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
         equal streams): alpha ... x n x (R+n)
         (columns 0..R-1: A_m, then A_r, rows: streams), beta ... x n; static: n x (R+n) and n,
-        dynamic: per position."""
-        alpha, beta = self.static_alpha[k], self.static_beta[k]
+        dynamic: per position. ``own``: the pass's slot (the parameters' slices)."""
+        def param(name):
+            return own.sublayer(self, name, k)
+        alpha, beta = param("static_alpha"), param("static_beta")
         if self.dynamic:
             n = self.streams
             # both maps as one (R+n+1) x w weight M, LayerNorm folded in: with z = (x - mu) / sigma,
@@ -269,14 +271,14 @@ class HyperConnections(MultiStream):
             # of autograd's memory); the statistics in float32 (float64 in a float64 model).
             # F.linear with a contiguous (out x in) weight: its weight gradient is one wide GEMM
             # (a matmul by the w x (R+n+1) map computes a skinny one, ~2x slower on CPU, measured)
-            maps = torch.cat([self.dynamic_alpha[k].t(), self.dynamic_beta[k].unsqueeze(0)])
+            maps = torch.cat([param("dynamic_alpha").t(), param("dynamic_beta").unsqueeze(0)])
             static = torch.cat([alpha, beta.unsqueeze(-1)], dim=-1)  # n x (R+n+1)
-            scale = torch.cat([self.alpha_scale[k].expand(self.reads + n),
-                               self.beta_scale[k].view(1)])
+            scale = torch.cat([param("alpha_scale").expand(self.reads + n),
+                               param("beta_scale").view(1)])
             # the same function in one kernel each way where a fused path runs
             coefficients = (fused.dynamic_coefficients if self.fused and fused.runs_on(stream)
                             else _DynamicCoefficients.apply)(
-                stream, maps * self.norm_weight[k], maps @ self.norm_bias[k], static, scale)
+                stream, maps * param("norm_weight"), maps @ param("norm_bias"), static, scale)
             # split, not slices: a slice's backward zero-fills a tensor of the whole product
             alpha, beta = coefficients.split([self.reads + n, 1], dim=-1)
             beta = beta.squeeze(-1)

@@ -372,20 +372,25 @@ class ManifoldHyperConnections(MultiStream):
             x = x.flatten(-2)
         return _RMSMaps.apply(x, weight.to(x.dtype))
 
-    def coefficients(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
+    def coefficients(self, stream: Tensor, k: int, own) -> Tuple[Tensor, Tensor, Tensor]:
         """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
         ``stream`` (T x B x n x C, or T x B x 1 x C for n equal streams), in float32 (float64 in
-        a float64 model) whatever the model's dtype or autocast."""
+        a float64 model) whatever the model's dtype or autocast. ``own``: the pass's slot (the
+        parameters' slices)."""
         n, dtype = self.streams, statistics_dtype(stream)
+
+        def param(name):
+            return own.sublayer(self, name, k).to(dtype)
         with torch.autocast(device_type=stream.device.type, enabled=False):
-            mixes = self._mixes(stream, self.maps[k])  # ... x m
-            gates = self.gates[k].to(dtype)
+            mixes = self._mixes(stream, own.sublayer(self, "maps", k))  # ... x m
+            # unbound, not indexed: an index's backward zero-fills the three gates
+            gate_pre, gate_post, gate_res = param("gates").unbind(0)
             pre, post, res = mixes.split([n, n, mixes.size(-1) - 2 * n], dim=-1)
-            h_pre = torch.sigmoid(gates[0] * pre + self.bias_pre[k].to(dtype))
-            h_post = 2 * torch.sigmoid(gates[1] * post + self.bias_post[k].to(dtype))
+            h_pre = torch.sigmoid(gate_pre * pre + param("bias_pre"))
+            h_post = 2 * torch.sigmoid(gate_post * post + param("bias_post"))
             if not self.lite:
                 res = res.unflatten(-1, (n, n))
-            h_res = self._mixing(gates[2] * res + self.bias_res[k].to(dtype))
+            h_res = self._mixing(gate_res * res + param("bias_res"))
         return h_pre, h_post, h_res
 
     def _mixing(self, logits: Tensor) -> Tensor:
@@ -396,8 +401,8 @@ class ManifoldHyperConnections(MultiStream):
                                 self.permutations.to(logits.dtype))
         return sinkhorn(logits, self.iterations, self.fused and fused.runs_on(logits))
 
-    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
-        h_pre, h_post, h_res = self.coefficients(stream, k)
+    def weights(self, stream: Tensor, k: int, own) -> Tuple[Tensor, Tensor]:
+        h_pre, h_post, h_res = self.coefficients(stream, k, own)
         # the multi-stream product reads A_m = H_pre and mixes with A_r^T H: A_r = H_res^T
         alpha = torch.cat([h_pre.unsqueeze(-1), h_res.transpose(-1, -2)], dim=-1)
         return alpha.to(stream.dtype), h_post.to(stream.dtype)

@@ -7,10 +7,10 @@ and the fused GPU product (:mod:`.fused`) are here, once. :func:`statistics_dtyp
 too).
 """
 from contextlib import nullcontext
-from typing import Any, ContextManager, Optional, Tuple
+from typing import Any, ContextManager, Dict, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from . import fused
 from ..weight_logging import Record, WeightSource
@@ -91,16 +91,17 @@ class MultiStream(WeightSource, Connection):
         rebuilds = state.slot(self).recompute
         return rebuilds.hooks() if rebuilds is not None else nullcontext()
 
-    def weights(self, stream: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    def weights(self, stream: Tensor, k: int, own: "_Pass") -> Tuple[Tensor, Tensor]:
         """(alpha, beta) of sub-layer k for ``stream`` (T x B x n x w, or T x B x 1 x C for n
-        equal streams): alpha ... x n x (R+n), beta ... x n (or n x (R+n) and n when static)."""
+        equal streams): alpha ... x n x (R+n), beta ... x n (or n x (R+n) and n when static);
+        ``own``: the pass's slot (its :meth:`_Pass.sublayer` slices of the parameters)."""
         raise NotImplementedError
 
     def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, Any]:
         stream = state.stream
-        alpha, beta = self.weights(stream, self.sites[(block, sublayer)])
-        read, mixed = self._products(alpha, stream)
         own = state.slot(self)
+        alpha, beta = self.weights(stream, self.sites[(block, sublayer)], own)
+        read, mixed = self._products(alpha, stream)
         if self.record is not None and self.training:
             own.composite = self._composed(own.composite, alpha)
         # the input copied out (the sub-layer's LayerNorm would copy the strided view anyway):
@@ -200,9 +201,22 @@ class _Pass:
     """What a multi-stream connection keeps during one forward pass: ``recompute``, the
     :class:`~.recompute.Recompute` whose hooks rebuild tensors in the backward pass (None
     without --stream-recompute or a gradient); ``composite``, the product of the mixing
-    matrices so far (... x n x n; None unless a training pass logs the Amax gain)."""
-    __slots__ = ("recompute", "composite")
+    matrices so far (... x n x n; None unless a training pass logs the Amax gain); the
+    sub-layers' slices of the parameters stacked over them (:meth:`sublayer`)."""
+    __slots__ = ("recompute", "composite", "slices")
 
     def __init__(self, recompute: Optional[Recompute]):
         self.recompute = recompute
         self.composite: Optional[Tensor] = None
+        self.slices: Dict[str, Tuple[Tensor, ...]] = {}
+
+    def sublayer(self, connection: nn.Module, name: str, k: int) -> Tensor:
+        """Sub-layer k's slice of ``connection``'s parameter ``name`` (K x ...), the parameter
+        unbound once per pass: where each sub-layer selects its slice, the backward pass pays
+        per sub-layer and parameter a zero-filled gradient of the whole parameter and an
+        addition (in a 12-block HC or mHC step ~190 of each, a launch apiece on a GPU); an
+        unbind's backward is one stack."""
+        slices = self.slices.get(name)
+        if slices is None:
+            slices = self.slices[name] = getattr(connection, name).unbind(0)
+        return slices[k]
