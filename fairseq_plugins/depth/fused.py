@@ -11,8 +11,8 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 
 What is fused so far: the multi-stream connections' per-position product of the weights and
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), the
-dynamic coefficients of Hyper- and Frac-Connections, and mHC's Sinkhorn-Knopp, for up to
-``MAX_STREAMS`` streams (beyond that the eager path runs, said once in the log at build);
+dynamic coefficients of Hyper- and Frac-Connections, mHC's and mHC-lite's coefficients (up to
+``MAX_COEFFICIENTS`` map rows) and mHC's Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once in the log at build);
 Attention Residuals' read (the keys' norms, the logits, the depth softmax and the weighted sum
 over the sources, one kernel up to a width of ``DEPTH_ATTENTION_MAX_WIDTH``; the weighted sum
 alone beyond it and while the weights are logged) and MUDD's dense mix.
@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 # the stream kernels hold n x K weights per position in registers (n, K unrolled when compiled)
 MAX_STREAMS = 8
+# mHC's coefficient kernel holds a block of the m maps' rows in registers: mHC up to n = 8
+# (m = 80), mHC-lite up to n = 4 (m = 32)
+MAX_COEFFICIENTS = 128
 
 
 @dataclass
@@ -100,6 +103,25 @@ def sinkhorn_scaling(m: Tensor, iterations: int) -> Tensor:
     from ..kernels.sinkhorn import sinkhorn_scaling as kernel
 
     return kernel(m, iterations)
+
+
+def coefficients_supported(columns: int, where: str) -> bool:
+    """Whether mHC's coefficient kernel takes ``columns`` map rows (m = 2n + n^2, or 2n + n!
+    for lite); if not, one log line saying that ``where`` computes them eagerly."""
+    if columns <= MAX_COEFFICIENTS:
+        return True
+    logger.info("%s: %d coefficient columns are more than the fused kernel's %d; the "
+                "coefficients run eagerly", where, columns, MAX_COEFFICIENTS)
+    return False
+
+
+def mhc_coefficients(x: Tensor, weight: Tensor, gates: Tensor, pre: Tensor, post: Tensor,
+                     res: Tensor) -> Tensor:
+    """mHC's fused coefficients [H_pre | H_post | H_res's logits] from the flattened streams
+    (:func:`fairseq_plugins.kernels.mhc_coefficients.mhc_coefficients`)."""
+    from ..kernels.mhc_coefficients import mhc_coefficients as kernel
+
+    return kernel(x, weight, gates, pre, post, res)
 
 
 def depth_attention_supported(width: int, where: str) -> bool:

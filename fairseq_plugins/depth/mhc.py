@@ -358,19 +358,36 @@ class ManifoldHyperConnections(MultiStream):
                              f"{tuple(self.maps.shape)}: use the checkpoint's --mhc and "
                              "--mhc-expansion-rate")
 
-    def _mixes(self, stream: Tensor, weight: Tensor) -> Tensor:
-        """x~ phi for the map ``weight`` (m x nC): ... x m, in float32 (float64 in a float64
-        model). RMSNorm(x) phi = (x phi) / rms(x): the norm is applied to the m products, not
-        to the nC inputs (one reduction, no normalised copy of the streams; :class:`_RMSMaps`).
-        For n equal streams (T x B x 1 x C) the flattened vector is n copies of x: its RMS is
-        x's, and x phi = x (sum of phi's n blocks)."""
+    def _flattened(self, stream: Tensor, weight: Tensor) -> Tuple[Tensor, Tensor]:
+        """(x ... x D, the map ``weight`` m x D) whose RMS-normalised product is x~ phi, in
+        float32 (float64 in a float64 model): the flattened streams (D = nC), or for n equal
+        streams (T x B x 1 x C) x itself with phi's n blocks summed (D = C: the flattened
+        vector is n copies of x, its RMS is x's and x~ phi = x (sum of phi's blocks))."""
         x = stream.to(statistics_dtype(stream))
         if x.size(-2) == 1:
             x = x.squeeze(-2)
             weight = weight.view(weight.size(0), self.streams, -1).sum(1)
         else:
             x = x.flatten(-2)
-        return _RMSMaps.apply(x, weight.to(x.dtype))
+        return x, weight.to(x.dtype)
+
+    def _mixes(self, stream: Tensor, weight: Tensor) -> Tensor:
+        """x~ phi for the map ``weight`` (m x nC): ... x m, in float32 (float64 in a float64
+        model). RMSNorm(x) phi = (x phi) / rms(x): the norm is applied to the m products, not
+        to the nC inputs (one reduction, no normalised copy of the streams; :class:`_RMSMaps`)."""
+        return _RMSMaps.apply(*self._flattened(stream, weight))
+
+    def accepts_fused(self, where: str) -> bool:
+        """The stream product's kernel as every multi-stream connection; the coefficients'
+        kernel for up to ``fused.MAX_COEFFICIENTS`` columns (m = 2n + n^2, or 2n + n! for
+        lite), beyond that the eager coefficients (said in one log line)."""
+        accepted = super().accepts_fused(where)
+        self.fused_coefficients = accepted and fused.coefficients_supported(self.maps.size(1),
+                                                                            where)
+        return accepted
+
+    # whether the coefficients may run as one kernel (set at build: accepts_fused)
+    fused_coefficients = False
 
     def coefficients(self, stream: Tensor, k: int, own) -> Tuple[Tensor, Tensor, Tensor]:
         """(H_pre ... x n, H_post ... x n, H_res ... x n x n) of sub-layer k per position of
@@ -382,15 +399,25 @@ class ManifoldHyperConnections(MultiStream):
         def param(name):
             return own.sublayer(self, name, k).to(dtype)
         with torch.autocast(device_type=stream.device.type, enabled=False):
-            mixes = self._mixes(stream, own.sublayer(self, "maps", k))  # ... x m
-            # unbound, not indexed: an index's backward zero-fills the three gates
-            gate_pre, gate_post, gate_res = param("gates").unbind(0)
-            pre, post, res = mixes.split([n, n, mixes.size(-1) - 2 * n], dim=-1)
-            h_pre = torch.sigmoid(gate_pre * pre + param("bias_pre"))
-            h_post = 2 * torch.sigmoid(gate_post * post + param("bias_post"))
+            maps = own.sublayer(self, "maps", k)
+            if self.fused and self.fused_coefficients and fused.runs_on(stream):
+                # the same function in one kernel each way (the norm, the gates, the biases,
+                # the sigmoids)
+                x, weight = self._flattened(stream, maps)
+                out = fused.mhc_coefficients(x, weight, param("gates"), param("bias_pre"),
+                                             param("bias_post"), param("bias_res").flatten())
+                h_pre, h_post, res = out.split([n, n, out.size(-1) - 2 * n], dim=-1)
+            else:
+                mixes = self._mixes(stream, maps)  # ... x m
+                # unbound, not indexed: an index's backward zero-fills the three gates
+                gate_pre, gate_post, gate_res = param("gates").unbind(0)
+                pre, post, res = mixes.split([n, n, mixes.size(-1) - 2 * n], dim=-1)
+                h_pre = torch.sigmoid(gate_pre * pre + param("bias_pre"))
+                h_post = 2 * torch.sigmoid(gate_post * post + param("bias_post"))
+                res = gate_res * res + param("bias_res").flatten()
             if not self.lite:
                 res = res.unflatten(-1, (n, n))
-            h_res = self._mixing(gate_res * res + param("bias_res"))
+            h_res = self._mixing(res)
         return h_pre, h_post, h_res
 
     def _mixing(self, logits: Tensor) -> Tensor:
