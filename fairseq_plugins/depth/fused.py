@@ -12,7 +12,8 @@ check them without a GPU). On a plain CPU the eager code runs. ``--no-fused-kern
 What is fused so far: the multi-stream connections' per-position product of the weights and
 the streams (Hyper-Connections static and dynamic, mHC, mHC-lite, Frac-Connections), the
 dynamic coefficients of Hyper- and Frac-Connections, mHC's and mHC-lite's coefficients (up to
-``MAX_COEFFICIENTS`` map rows) and mHC's Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams (beyond that the eager path runs, said once in the log at build);
+``MAX_COEFFICIENTS`` map rows) and mHC's Sinkhorn-Knopp, for up to ``MAX_STREAMS`` streams
+(beyond that the eager path runs, said once in the log at build);
 Attention Residuals' read (the keys' norms, the logits, the depth softmax and the weighted sum
 over the sources, one kernel up to a width of ``DEPTH_ATTENTION_MAX_WIDTH``; the weighted sum
 alone beyond it and while the weights are logged) and MUDD's dense mix.

@@ -57,7 +57,8 @@ def test_the_hand_written_backward_passes_gradcheck():
     query = torch.randn(6, dtype=torch.float64, device=DEVICE, requires_grad=True)
     values = [torch.randn(4, 6, dtype=torch.float64, device=DEVICE, requires_grad=True)
               for _ in range(3)]
-    assert torch.autograd.gradcheck(kernel.DepthAttention.apply, (query, *values))
+    # fast mode (a few random directions): the float64 comparisons above check every gradient
+    assert torch.autograd.gradcheck(kernel.DepthAttention.apply, (query, *values), fast_mode=True)
 
 
 def test_large_logits_do_not_overflow():

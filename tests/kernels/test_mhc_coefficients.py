@@ -61,7 +61,8 @@ def test_the_hand_written_backward_passes_gradcheck():
     inputs = [torch.randn(4, 10), torch.randn(7, 10), torch.randn(3), torch.randn(2),
               torch.randn(2), torch.randn(3)]
     leaves = [t.double().to(DEVICE).requires_grad_() for t in inputs]
-    assert torch.autograd.gradcheck(kernel.MHCCoefficients.apply, leaves)
+    # fast mode (a few random directions): the float64 comparisons above check every gradient
+    assert torch.autograd.gradcheck(kernel.MHCCoefficients.apply, leaves, fast_mode=True)
 
 
 def maps_away_from_zero(model):  # the maps start at zero, the gates at 0.01
@@ -71,15 +72,25 @@ def maps_away_from_zero(model):  # the maps start at zero, the gates at 0.01
 
 
 @pytest.mark.parametrize("kind", ["sinkhorn", "lite"])
-def test_an_mhc_model_with_the_kernel_computes_the_eager_models_function(kind, monkeypatch):
+def test_an_mhc_model_with_the_kernels_computes_the_eager_models_function(kind, monkeypatch):
+    """Same weights with and without --no-fused-kernels: the same outputs and gradients
+    (float64). The fused model runs the coefficient kernel in every sub-layer (the first on the
+    n equal streams: the maps' blocks summed, D = C; the learned readout keeps its own eager
+    product), the stream product in every sub-layer but the first (n equal streams take a sum)
+    and mHC's Sinkhorn kernel in every sub-layer (not mHC-lite's permutation mixture)."""
     calls = count_calls(monkeypatch, "mhc_coefficients", lambda x, w, *rest: tuple(w.shape))
-    assert_same_function(twin_language_models(["--mhc", kind], seed=5,
-                                              prepare=maps_away_from_zero))
-    # every sub-layer of the fused model (the first on the n equal streams: the maps' blocks
-    # summed, D = C), none in its twin; the learned readout keeps its own eager product
-    m = 2 * 4 + (24 if kind == "lite" else 16)
-    assert len(calls) == 2 * 4 and all(shape[0] == m for shape in calls)
+    products = count_calls(monkeypatch, "stream_products", lambda alpha, stream: 1)
+    sinkhorn = count_calls(monkeypatch, "sinkhorn_scaling", lambda m, iterations: 1)
+    dynamic = count_calls(monkeypatch, "dynamic_coefficients", lambda *args: 1)
+    models = twin_language_models(["--mhc", kind], seed=5, prepare=maps_away_from_zero)
+    assert models[0].decoder.depth.connection.fused
+    assert not models[1].decoder.depth.connection.fused
+    assert_same_function(models)
+    sub_layers, m = 2 * 4, 2 * 4 + (24 if kind == "lite" else 16)
+    assert len(calls) == sub_layers and all(shape[0] == m for shape in calls)
     assert calls[0][1] * 4 == calls[1][1]
+    assert len(products) == sub_layers - 1 and not dynamic
+    assert len(sinkhorn) == (0 if kind == "lite" else sub_layers)
 
 
 def test_more_columns_than_the_kernel_takes_run_the_eager_coefficients_said_once(monkeypatch,

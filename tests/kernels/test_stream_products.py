@@ -74,9 +74,10 @@ def test_half_precision_accumulates_in_float32():
                                rtol=0, atol=0)
 
 
+# mHC and mHC-lite: test_mhc_coefficients.py (the same twins, with all three of their kernels)
 @pytest.mark.parametrize("method", [["--hyper-connections", "static"],
-                                    ["--hyper-connections", "dynamic"], ["--mhc", "sinkhorn"],
-                                    ["--mhc", "lite"], ["--frac-connections", "dynamic"]])
+                                    ["--hyper-connections", "dynamic"],
+                                    ["--frac-connections", "dynamic"]])
 def test_a_model_with_the_fused_path_computes_the_eager_models_function(method, monkeypatch):
     """Same seed with and without --no-fused-kernels: the same parameters, outputs and
     gradients (float64, where both are exact up to summation order); the kernel ran in every
@@ -91,8 +92,7 @@ def test_a_model_with_the_fused_path_computes_the_eager_models_function(method, 
     assert_same_function(models)
     sub_layers = 2 * 4
     assert len(calls) == sub_layers - (method[0] != "--frac-connections")
-    dynamic = method[0] != "--mhc" and method[1] == "dynamic"
-    assert len(coefficients) == (sub_layers if dynamic else 0)
+    assert len(coefficients) == (sub_layers if method[1] == "dynamic" else 0)
 
 
 def test_the_seq2seq_family_takes_the_fused_path(monkeypatch):

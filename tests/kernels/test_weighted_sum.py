@@ -49,7 +49,9 @@ def test_the_hand_written_backward_passes_gradcheck():
         alpha = torch.rand(3, ways, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
         values = [torch.randn(3, 5, dtype=torch.float64, device=DEVICE, requires_grad=True)
                   for _ in range(3)]
-        assert torch.autograd.gradcheck(kernel.WeightedSums.apply, (alpha, *values))
+        # fast mode: the float64 comparisons above check every gradient
+        assert torch.autograd.gradcheck(kernel.WeightedSums.apply, (alpha, *values),
+                                        fast_mode=True)
 
 
 def test_several_ways_equal_the_sums_one_by_one():
