@@ -259,10 +259,10 @@ class HyperConnections(MultiStream):
         equal streams): alpha ... x n x (R+n)
         (columns 0..R-1: A_m, then A_r, rows: streams), beta ... x n; static: n x (R+n) and n,
         dynamic: per position. ``own``: the pass's slot (the parameters' slices)."""
-        def param(name):
-            return own.sublayer(self, name, k)
-        alpha, beta = param("static_alpha"), param("static_beta")
-        if self.dynamic:
+        if not self.dynamic:
+            alpha = own.sublayer(self, "static_alpha", k)
+            beta = own.sublayer(self, "static_beta", k)
+        else:
             n = self.streams
             # both maps as one (R+n+1) x w weight M, LayerNorm folded in: with z = (x - mu) / sigma,
             # LN(x) M^T = (z w + b) M^T = (x (w M)^T - mu (w M) 1) / sigma + M b: one GEMM on the
@@ -271,18 +271,31 @@ class HyperConnections(MultiStream):
             # of autograd's memory); the statistics in float32 (float64 in a float64 model).
             # F.linear with a contiguous (out x in) weight: its weight gradient is one wide GEMM
             # (a matmul by the w x (R+n+1) map computes a skinny one, ~2x slower on CPU, measured)
-            maps = torch.cat([param("dynamic_alpha").t(), param("dynamic_beta").unsqueeze(0)])
-            static = torch.cat([alpha, beta.unsqueeze(-1)], dim=-1)  # n x (R+n+1)
-            scale = torch.cat([param("alpha_scale").expand(self.reads + n),
-                               param("beta_scale").view(1)])
+            weight, bias, static, scale = (
+                prepared[k] for prepared in own.once("dynamic maps", self._dynamic_maps))
             # the same function in one kernel each way where a fused path runs
             coefficients = (fused.dynamic_coefficients if self.fused and fused.runs_on(stream)
-                            else _DynamicCoefficients.apply)(
-                stream, maps * param("norm_weight"), maps @ param("norm_bias"), static, scale)
+                            else _DynamicCoefficients.apply)(stream, weight, bias, static, scale)
             # split, not slices: a slice's backward zero-fills a tensor of the whole product
             alpha, beta = coefficients.split([self.reads + n, 1], dim=-1)
             beta = beta.squeeze(-1)
         return alpha.to(stream.dtype), beta.to(stream.dtype)
+
+    def _dynamic_maps(self) -> Tuple[Tuple[Tensor, ...], ...]:
+        """Per sub-layer (tuples of K): the maps with the LayerNorm's gain folded in
+        (R+n+1) x w, its bias through them (R+n+1), the static coefficients n x (R+n+1) and
+        the scales (R+n+1). They depend on the parameters only, so they are built once per pass
+        for all K sub-layers (a handful of operators where building them per sub-layer took
+        five, and their backward some ten, per sub-layer)."""
+        n = self.streams
+        maps = torch.cat([self.dynamic_alpha.transpose(1, 2), self.dynamic_beta.unsqueeze(1)],
+                         dim=1)  # K x (R+n+1) x w
+        weight = maps * self.norm_weight.unsqueeze(1)
+        bias = torch.matmul(maps, self.norm_bias.unsqueeze(-1)).squeeze(-1)
+        static = torch.cat([self.static_alpha, self.static_beta.unsqueeze(-1)], dim=-1)
+        scale = torch.cat([self.alpha_scale.unsqueeze(-1).expand(-1, self.reads + n),
+                           self.beta_scale.unsqueeze(-1)], dim=-1)
+        return tuple(t.unbind(0) for t in (weight, bias, static, scale))
 
     def logged_weights(self) -> Dict[str, Tensor]:
         """The static weights of every sub-layer k: A_m (read), B (write) per stream

@@ -7,7 +7,7 @@ and the fused GPU product (:mod:`.fused`) are here, once. :func:`statistics_dtyp
 too).
 """
 from contextlib import nullcontext
-from typing import Any, ContextManager, Dict, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -208,7 +208,14 @@ class _Pass:
     def __init__(self, recompute: Optional[Recompute]):
         self.recompute = recompute
         self.composite: Optional[Tensor] = None
-        self.slices: Dict[str, Tuple[Tensor, ...]] = {}
+        self.slices: Dict[str, Any] = {}
+
+    def once(self, name: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed on the first call of this pass under ``name`` (what depends on
+        the parameters only, prepared for all sub-layers at once)."""
+        if name not in self.slices:
+            self.slices[name] = make()
+        return self.slices[name]
 
     def sublayer(self, connection: nn.Module, name: str, k: int) -> Tensor:
         """Sub-layer k's slice of ``connection``'s parameter ``name`` (K x ...), the parameter
@@ -216,7 +223,4 @@ class _Pass:
         per sub-layer and parameter a zero-filled gradient of the whole parameter and an
         addition (in a 12-block HC or mHC step ~190 of each, a launch apiece on a GPU); an
         unbind's backward is one stack."""
-        slices = self.slices.get(name)
-        if slices is None:
-            slices = self.slices[name] = getattr(connection, name).unbind(0)
-        return slices[k]
+        return self.once(name, lambda: getattr(connection, name).unbind(0))[k]
