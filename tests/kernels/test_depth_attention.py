@@ -11,7 +11,8 @@ from fairseq_plugins import kernels
 from fairseq_plugins.depth import attn_res, fused
 from fairseq_plugins.kernels import depth_attention as kernel
 from helpers import build_language_model
-from twins import DEVICE, assert_same_function, count_calls, twin_language_models
+from twins import (DEVICE, assert_same_forward_and_backward, assert_same_function,
+                   count_calls, twin_language_models)
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -38,18 +39,7 @@ def test_forward_and_backward_equal_the_papers_read(sources, width, dtype):
     values = [torch.randn(3, 2, width, dtype=dtype, generator=generator) * (1 + i % 3)
               for i in range(sources)]
     grad = torch.randn(3, 2, width, dtype=dtype, generator=generator)
-    runs = []
-    for fn in (kernel.depth_attention, paper_read):
-        # fresh leaves per run: on the CPU .to(DEVICE) is the tensor itself, whose .grad the
-        # second run would add to the first's (one tensor, compared with itself)
-        leaves = [t.detach().clone().to(DEVICE).requires_grad_() for t in [query, *values]]
-        out = fn(*leaves)
-        out.backward(grad.to(DEVICE))
-        runs.append((out, [t.grad for t in leaves]))
-    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(runs[0][0], runs[1][0], **tol)
-    for got, want in zip(runs[0][1], runs[1][1]):
-        torch.testing.assert_close(got, want, **tol)
+    assert_same_forward_and_backward(kernel.depth_attention, paper_read, [query, *values], grad)
 
 
 def test_the_hand_written_backward_passes_gradcheck():

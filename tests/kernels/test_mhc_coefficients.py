@@ -10,7 +10,8 @@ import torch
 from fairseq_plugins.depth import fused, mhc
 from fairseq_plugins.kernels import mhc_coefficients as kernel
 from helpers import build_language_model
-from twins import DEVICE, assert_same_function, count_calls, twin_language_models
+from twins import (DEVICE, assert_same_forward_and_backward, assert_same_function,
+                   count_calls, twin_language_models)
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -43,17 +44,9 @@ def test_forward_and_backward_equal_the_papers_coefficients(n, width, res, dtype
                                                                          generator=generator),
               torch.randn(3, generator=generator), torch.randn(n, generator=generator),
               torch.randn(n, generator=generator), torch.randn(res, generator=generator)]
-    grad = torch.randn(3, 2, m, dtype=dtype, generator=generator).to(DEVICE)
-    runs = []
-    for fn in (kernel.mhc_coefficients, paper_coefficients):
-        leaves = [t.to(dtype).to(DEVICE).requires_grad_() for t in inputs]  # fresh per run
-        out = fn(*leaves)
-        out.backward(grad)
-        runs.append((out, [t.grad for t in leaves]))
-    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(runs[0][0], runs[1][0], **tol)
-    for got, want in zip(runs[0][1], runs[1][1]):
-        torch.testing.assert_close(got, want, **tol)
+    grad = torch.randn(3, 2, m, dtype=dtype, generator=generator)
+    assert_same_forward_and_backward(kernel.mhc_coefficients, paper_coefficients,
+                                     [t.to(dtype) for t in inputs], grad)
 
 
 def test_the_hand_written_backward_passes_gradcheck():

@@ -7,7 +7,8 @@ import torch
 
 from fairseq_plugins.depth import attn_res, fused
 from fairseq_plugins.kernels import weighted_sum as kernel
-from twins import DEVICE, assert_same_function, count_calls, twin_language_models
+from twins import (DEVICE, assert_same_forward_and_backward, assert_same_function,
+                   count_calls, twin_language_models)
 pytestmark = pytest.mark.skipif(not fused.runs_on(torch.zeros(1, device=DEVICE)),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -19,16 +20,8 @@ def test_forward_and_backward_equal_the_eager_sum(sources, width, dtype):
     alpha = torch.softmax(torch.randn(3, 2, sources, dtype=dtype, generator=generator), -1)
     values = [torch.randn(3, 2, width, dtype=dtype, generator=generator) for _ in range(sources)]
     grad = torch.randn(3, 2, width, dtype=dtype, generator=generator)
-    runs = []
-    for fn in (kernel.weighted_sum, attn_res._WeightedSum.apply):
-        leaves = [t.detach().clone().to(DEVICE).requires_grad_() for t in [alpha, *values]]
-        out = fn(*leaves)
-        out.backward(grad.to(DEVICE))
-        runs.append((out, [t.grad for t in leaves]))
-    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(runs[0][0], runs[1][0], **tol)
-    for got, want in zip(runs[0][1], runs[1][1]):
-        torch.testing.assert_close(got, want, **tol)
+    assert_same_forward_and_backward(kernel.weighted_sum, attn_res._WeightedSum.apply,
+                                     [alpha, *values], grad)
 
 
 def test_sources_of_different_dtypes_are_summed_in_the_widest():

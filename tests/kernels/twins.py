@@ -21,6 +21,23 @@ def count_calls(monkeypatch, name, record):
     return calls
 
 
+def assert_same_forward_and_backward(kernel, reference, inputs, grad):
+    """``kernel(*inputs)`` and ``reference(*inputs)``: the same output and the same gradient of
+    every input for the output's gradient ``grad`` (float64 to 1e-12, else 1e-5). Each run gets
+    fresh leaves: on the CPU ``.to(DEVICE)`` or ``.to(dtype)`` can return the tensor itself,
+    whose ``.grad`` the second run would add to the first's (one tensor compared with itself)."""
+    runs = []
+    for fn in (kernel, reference):
+        leaves = [t.detach().clone().to(DEVICE).requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        out.backward(grad.to(DEVICE))
+        runs.append((out, [t.grad for t in leaves]))
+    tol = dict(rtol=0, atol=1e-12) if grad.dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(runs[0][0], runs[1][0], **tol)
+    for got, want in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(got, want, **tol)
+
+
 def twin_language_models(flags, seed, prepare=None):
     """``gpt_baseline_lm_tiny`` with ``flags``, in float64: with the fused kernels and with
     ``--no-fused-kernels``, the same weights (``prepare(model)`` edits the first's first)."""
