@@ -74,7 +74,7 @@ def validate(args) -> None:
                          "does not run; log without the graph")
 
 
-class _Blocks(nn.Module):
+class BlocksModule(nn.Module):
     """The captured function as a module (make_graphed_callables takes a module's parameters
     as the graph's): ``run(x)`` over ``parts``, which stay registered where they were (this
     wrapper is not an attribute of the model: its state dict is unchanged)."""
@@ -131,7 +131,7 @@ class GraphedBlocks:
             return run(x)
         key = (tuple(x.shape), x.dtype, x.device)
         if self.graphed is None:
-            blocks = _Blocks(run, parts)
+            blocks = BlocksModule(run, parts)
             self.params = [p for p in blocks.parameters() if p.requires_grad]
             # the graph's own input buffer (each replay copies the batch into it), not this
             # batch's x, which is part of this pass's autograd graph

@@ -254,6 +254,27 @@ def operators_dispatched(fn) -> int:
     return counter.count
 
 
+def bytes_saved_for_backward(fn, exclude=()) -> int:
+    """The bytes autograd keeps for the backward of what ``fn()`` computes (``fn`` runs the
+    forward only): every tensor a node saves (custom Functions' ``save_for_backward``
+    included), each storage once (views of one tensor, a tensor several nodes save), the
+    storages of ``exclude`` (the parameters: kept whether or not a node saves them) apart.
+    Independent of the allocator: what a method's backward needs, not what a device's cache
+    holds."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = fn()
+    del out
+    return sum(saved.values())
+
+
 def median(xs):
     return statistics.median(xs)
 

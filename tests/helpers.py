@@ -128,3 +128,22 @@ def move_connections(model, scale=0.3, seed=2):
         for name, p in model.named_parameters():
             if ".depth." in name:
                 p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def compile_with_eager_backend(monkeypatch):
+    """``--torch-compile`` through dynamo's ``eager`` backend (the tracing as it is, the traced
+    graph run unchanged: inductor's code generation takes minutes per model on these CPUs);
+    the list of the FX graphs traced."""
+    from fairseq_plugins import torch_compile
+
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def compile_module(module, mode):
+        torch._dynamo.reset()
+        return torch.compile(module, backend=backend)
+    monkeypatch.setattr(torch_compile, "compile_module", compile_module)
+    return graphs

@@ -174,9 +174,15 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
         r[:-len("_eager")] + "_graph" for r in eager]
     assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_graph")]][1] + ["--cuda-graph"]
                for r in graph)
-    # every row; the eager and graph twins on a GPU only (on a CPU the same code)
+    compiled = [r for r in depth.METHODS if r.endswith("_compile")]
+    assert compiled == [r[:-len("_graph")] + "_compile" for r in graph]
+    assert all(depth.METHODS[r][1] == depth.METHODS[r[:-len("_compile")]][1] + [
+        "--torch-compile", "--torch-compile-mode", "reduce-overhead"] for r in compiled)
+    # every row; the eager, graph and compiled twins on a GPU only (on a CPU the same code, or
+    # minutes of compiling)
     assert depth.chosen_rows(None, "cuda") == list(depth.METHODS)
-    assert depth.chosen_rows(None) == [r for r in depth.METHODS if r not in eager + graph]
+    assert depth.chosen_rows(None) == [r for r in depth.METHODS
+                                       if r not in eager + graph + compiled]
     assert depth.chosen_rows("mhc_n4_eager") == ["plain", "mhc_n4_eager"]
     with pytest.raises(SystemExit, match="unknown row.s. hc_sideways; known: plain, dwa"):
         depth.chosen_rows("plain,hc_sideways")
@@ -282,14 +288,58 @@ def test_depth_table_shows_operator_counts_and_reads_reports_without_them():
     report = {"device": "cuda", "fp16": False, "threads": 1, "torch": "x", "embed_dim": 128,
               "config": {"vocab": 10, "context": 4, "batch": 2},
               "depths": {"12": {"mhc_n4": dict(row, operators_per_step=8605,
-                                               system_time_share=0.25),
+                                               system_time_share=0.25,
+                                               saved_bytes_per_token=264012, saved_ratio=1.522),
                                 "mudd": row}}}
     table = depth.markdown_table(report)
-    assert "| 12 | mhc_n4 | 1.500 | 1.100 | 1,000 | 0.0100 | 8,605 | 0.250 |" in table
-    assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |  |" in table
+    assert ("| 12 | mhc_n4 | 1.500 | 1.100 | 1,000 | 0.0100 | 8,605 | 264,012 B (1.52x) | "
+            "0.250 |") in table
+    assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |  |  |" in table
     assert "glibc's defaults (or not recorded)" in table
     report["allocator_env"] = {"MALLOC_TRIM_THRESHOLD_": "1"}
     assert "Allocator settings: MALLOC_TRIM_THRESHOLD_=1." in depth.markdown_table(report)
+
+
+def test_bytes_saved_for_backward_count_each_storage_once_and_not_the_parameters():
+    from layerlab import bench
+
+    weight = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def forward():
+        h = x @ weight  # saves x and weight
+        return (h.sin() * h.sin()).sum()  # saves h once (both sines), each sine's output
+    # x (128 B), h (128 B) and the two sines' outputs (128 B each); the weight excluded
+    assert bench.bytes_saved_for_backward(forward, exclude=[weight]) == 4 * 4 * 8 * 4
+    assert bench.bytes_saved_for_backward(forward) == 4 * 4 * 8 * 4 + 8 * 8 * 4
+    # a view saves its whole storage: what keeping it keeps alive
+    assert bench.bytes_saved_for_backward(lambda: (x[:1] * 2.0).sum() * x[:1]) == 4 * 8 * 4 \
+        + 4
+
+
+def test_the_bench_rows_that_capture_count_their_eager_rows_operators():
+    depth = paths.load_script("bench", "depth.py")
+    assert depth.uncaptured(["--mhc", "--torch-compile", "--torch-compile-mode",
+                             "reduce-overhead", "--cuda-graph", "--layers", "2"]) == [
+        "--mhc", "--layers", "2"]
+    assert depth.saved_per_token("gpt_baseline_lm", ["--cuda-graph"], 32, 2, "cpu",
+                                 False) is None
+
+
+def test_the_saved_only_bench_measures_what_each_row_keeps_for_its_backward(tmp_path):
+    depth = paths.load_script("bench", "depth.py")
+    out = tmp_path / "saved.json"
+    depth.main(["--saved-only", "--rows", "hc_static_n4,mhc_n4_graph", "--depths", "2",
+                "--embed-dim", "32", "--out", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["depths"]["2"]
+    assert rows["plain"]["saved_ratio"] == 1.0 and rows["mhc_n4_graph"]["saved_ratio"] is None
+    # four streams of C where the plain residual keeps one at each of the 4 sub-layers' inputs
+    # (float32): at least 3 x 4 x 32 x 4 bytes per token more
+    extra = rows["hc_static_n4"]["saved_bytes_per_token"] - rows["plain"]["saved_bytes_per_token"]
+    assert extra >= 3 * 4 * 32 * 4, rows
+    table = depth.markdown_table(report)
+    assert "| 2 | hc_static_n4 |" in table and "mhc_n4_graph" not in table
 
 
 def test_cpu_seconds_counts_the_kernel_time_of_fresh_memory():
@@ -332,5 +382,8 @@ def test_the_gpu_check_names_rows_that_exist():
     assert ("GRAPH_ROWS=plain_graph,${FUSED//,/_graph,}_graph,dwa_graph,value_residual_graph"
             in script)
     assert all(r + "_graph" in depth.METHODS for r in ["plain", *fused, "dwa", "value_residual"])
+    # COMPILE_ROWS: --torch-compile twins of rows that have one
+    compiled = re.search(r"^COMPILE_ROWS=(\S+)$", script, re.M).group(1).split(",")
+    assert compiled and all(r.endswith("_compile") and r in depth.METHODS for r in compiled)
     rows = re.search(r"--rows (\S+) --eager --graph", script).group(1).split(",")
     assert rows and all(r in comparison.ROWS for r in rows)

@@ -308,6 +308,24 @@ def test_the_baseline_at_each_depth_says_from_when_a_deeper_one_leads():
     assert "| 4 | 1 | 6.0000 | 5.8000 | 5.7000 | — |" in lines
 
 
+def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows_runs():
+    def run(depth, row, seed, cpu):
+        return (depth, row, seed), {"depth": depth, "row": row, "seed": seed,
+                                    "train_cpu_seconds": cpu}
+    results = dict([run(4, "baseline", 1, None), run(4, "baseline", 2, 3600.0),
+                    run(4, "baseline", 3, 5400.0), run(8, "baseline", 1, None),
+                    run(4, "mhc", 1, 7200.0)])
+    entry, lines = comparison.cpu_time(results, updates=100)
+    # 4 blocks' baseline seed 1: the mean of its seeds 2 and 3 per update (45 s) x 100 updates
+    assert entry == {"measured_core_hours": 4.5, "measured_runs": 3,
+                     "estimated_core_hours": 1.25, "estimated_runs": 1,
+                     "not_estimated": ["baseline at 8 blocks, seed 1"]}
+    assert lines[2].startswith("Training took 5.8 core-hours for 4 runs: 4.5 measured over 3 "
+                               "runs, 1.2 estimated for 1 whose count is incomplete")
+    assert "Not estimated (no complete run of the same row and depth yet): baseline at 8 " \
+           "blocks, seed 1." in lines[2]
+
+
 def test_how_a_difference_moves_between_budgets():
     def test(diff, low, high, seeds=3):
         return {"difference": diff, "low": low, "high": high,

@@ -219,6 +219,7 @@ class AttentionResiduals(WeightSource, Connection):
     whole_read_fused = True
 
     def start(self, x: Tensor) -> StackState:
+        x = x.contiguous()  # a source of every read: see Connection.start
         return StackState(x, [x])
 
     def new_slot(self, x: Tensor) -> "_Pass":

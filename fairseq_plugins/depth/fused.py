@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from fairseq.dataclass import FairseqDataclass
@@ -66,8 +67,10 @@ def interpreting() -> bool:
 
 
 def runs_on(tensor: Tensor) -> bool:
-    """Whether a fused kernel can run on ``tensor``'s device in this process."""
-    return (tensor.is_cuda or interpreting()) and triton_installed()
+    """Whether a fused kernel can run on ``tensor``'s device in this process: not while
+    ``torch.compile`` traces (``--torch-compile``), which fuses the eager code itself."""
+    return ((tensor.is_cuda or interpreting()) and triton_installed()
+            and not torch.compiler.is_compiling())
 
 
 def streams_supported(streams: int, columns: int, where: str) -> bool:

@@ -148,7 +148,13 @@ class Connection(nn.Module):
     def start(self, x: Tensor) -> StackState:
         """x: T x B x C, the embedding output (after its dropout) -> the pass's state (its
         stream and history; :meth:`Depth.start` then opens every part's slot)."""
-        return StackState(x, [x] if self.keep_history else None)
+        if not self.keep_history:
+            return StackState(x, None)
+        # the history is read by every later sub-layer, and the kernels read rows: x is the
+        # embedding output transposed (a strided view), which every read would otherwise copy
+        # and its backward keep (one copy per read: O(K) copies of x in memory)
+        x = x.contiguous()
+        return StackState(x, [x])
 
     def new_slot(self, x: Tensor) -> Any:
         """What this connection keeps during one forward pass from the embedding output ``x``

@@ -3,7 +3,7 @@
 final LayerNorm, tied output, no biases by default)."""
 from dataclasses import dataclass
 
-from .. import cuda_graph, depth
+from .. import cuda_graph, depth, torch_compile
 from ..criterions import embedding_loss_contract
 from ..modules.lm_blocks import PreNormBlock
 from ..registry import register_model, register_model_architecture
@@ -26,15 +26,18 @@ class GPTBaselineDecoder(CausalLMDecoder):
                                               ffn)
         # --cuda-graph: the training passes of the blocks replayed as a CUDA graph (None: off)
         self.cuda_graph = cuda_graph.graph_for(args, args.arch)
+        # --torch-compile: the same passes through torch.compile (None: off; not with the graph)
+        self.torch_compile = torch_compile.compiled_for(args, args.arch)
 
     def extract_features(self, prev_output_tokens, incremental_state=None, **unused):
         positions = self.positions(prev_output_tokens, incremental_state)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         x = self.dropout(self.embed(prev_output_tokens, positions)).transpose(0, 1)
-        if self.cuda_graph is not None and incremental_state is None and not self.depth.observed:
+        runner = self.cuda_graph or self.torch_compile
+        if runner is not None and incremental_state is None and not self.depth.observed:
             # an observer (the layer analysis) is Python a replayed graph would not call
-            x = self.cuda_graph(self.blocks, (self.depth, self.layers), x, self.training)
+            x = runner(self.blocks, (self.depth, self.layers), x, self.training)
         else:
             x = run_blocks(self.depth, self.layers, x,
                            lambda i: {"incremental_state": incremental_state})
@@ -50,8 +53,10 @@ class GPTBaselineDecoder(CausalLMDecoder):
 
 
 @dataclass
-class GPTBaselineConfig(CausalLMConfig, cuda_graph.CudaGraphConfig):
-    """The language models' options and ``--cuda-graph`` (:mod:`fairseq_plugins.cuda_graph`)."""
+class GPTBaselineConfig(CausalLMConfig, cuda_graph.CudaGraphConfig,
+                        torch_compile.TorchCompileConfig):
+    """The language models' options, ``--cuda-graph`` (:mod:`fairseq_plugins.cuda_graph`)
+    and ``--torch-compile`` (:mod:`fairseq_plugins.torch_compile`)."""
 
 
 @register_model(MODEL_NAME, dataclass=GPTBaselineConfig)
@@ -69,6 +74,7 @@ class GPTBaselineLM(CausalLM):
                              f"encoder (ar_encdec_lm); {args.arch} is decoder-only: use "
                              "--embedding-loss none or --criterion cross_entropy")
         cuda_graph.validate(args)
+        torch_compile.validate(args)
 
 
 def _preset(name, embed_dim, layers, heads, options=None):

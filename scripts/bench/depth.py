@@ -76,7 +76,14 @@ for _name in FUSED:
 GRAPH = "_graph"
 for _name in [BASELINE, "dwa", "value_residual", *FUSED]:
     METHODS[_name + GRAPH] = (METHODS[_name][0], METHODS[_name][1] + ["--cuda-graph"])
-GPU_ONLY = (EAGER, GRAPH)
+# the same rows through torch.compile (--torch-compile, mode reduce-overhead: inductor's fused
+# kernels replayed by torch's own CUDA graphs; fairseq_plugins/torch_compile.py): on a GPU the
+# other way to cut the launches, beside the _graph rows; on a CPU compiling takes minutes per row
+COMPILE = "_compile"
+for _name in [BASELINE, "dwa", "value_residual", *FUSED]:
+    METHODS[_name + COMPILE] = (METHODS[_name][0], METHODS[_name][1] + [
+        "--torch-compile", "--torch-compile-mode", "reduce-overhead"])
+GPU_ONLY = (EAGER, GRAPH, COMPILE)
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width
 BATCH = 16  # its sequences per update
@@ -128,12 +135,27 @@ def mac_share(arch, flags, embed_dim, layers, context):
     return round(extra / plain, 4)
 
 
+def uncaptured(flags):
+    """``flags`` without ``--cuda-graph`` and ``--torch-compile`` (and its mode)."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--torch-compile-mode":
+            skip = True
+        elif flag not in ("--cuda-graph", "--torch-compile"):
+            out.append(flag)
+    return out
+
+
 def operators_per_step(arch, flags, layers):
     """The aten operators one forward + backward pass of the row dispatches (views and
     allocations apart; :func:`layerlab.bench.operators_dispatched`), counted on the CPU at
     d=32, context 16, batch 2: the count depends on the depth and the method, not on the width
-    or the batch, and a GPU step of the comparison's narrow model is bound by it."""
-    model = small_vocabulary_model(arch, flags, 32, layers, 16)
+    or the batch, and a GPU step of the comparison's narrow model is bound by it. The ``_graph``
+    and ``_compile`` rows count their eager row's operators (what the capture replays or
+    the compiler starts from; compiling here would take minutes of CPU per row)."""
+    model = small_vocabulary_model(arch, uncaptured(flags), 32, layers, 16)
     tokens = torch.randint(4, 20, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def step():
@@ -141,9 +163,29 @@ def operators_per_step(arch, flags, layers):
     return common.operators_dispatched(step)
 
 
+def saved_per_token(arch, flags, embed_dim, layers, device, fp16):
+    """The bytes one training forward pass of the row keeps for its backward, per token
+    (:func:`layerlab.bench.bytes_saved_for_backward`, parameters apart), at the row's width
+    and depth, context 16, batch 2 (per token it depends on the context only through the
+    attention), on ``device``: on a GPU (or under Triton's interpreter) what the fused kernels
+    keep, on a CPU the eager code's. The memory a method must add is its streams (n x C per
+    position at each sub-layer's input instead of C) and its sources; anything beyond is what
+    its code keeps. None for the ``--cuda-graph`` and ``--torch-compile`` rows: the same
+    function as their row's, which a capture (a CUDA graph's memory pool, compiled code's own
+    saving) changes in ways these hooks do not see."""
+    if uncaptured(flags) != flags:
+        return None
+    model = small_vocabulary_model(arch, flags, embed_dim, layers, 16).to(
+        device=device, dtype=torch.float16 if fp16 else torch.float32).train()
+    tokens = torch.randint(4, 16, (2, 16), generator=torch.Generator().manual_seed(0))
+    saved = common.bytes_saved_for_backward(lambda: model(tokens.to(device))[0],
+                                            exclude=list(model.parameters()))
+    return round(saved / tokens.numel())
+
+
 def chosen_rows(rows, device="cpu"):
     """The rows to measure (``--rows``; the plain model always), in METHODS' order; by default
-    every row (the ``_eager`` and ``_graph`` ones on a GPU only)."""
+    every row (the ``_eager``, ``_graph`` and ``_compile`` ones on a GPU only)."""
     if not rows:
         return [r for r in METHODS if not r.endswith(GPU_ONLY) or device.startswith("cuda")]
     names = [r for r in rows.split(",") if r]
@@ -181,6 +223,8 @@ def run(args):
         if layers < 1 or (halved and layers % 2):
             raise SystemExit(f"depth.py: --depths {layers}: a positive number of blocks"
                              + (f", even for {', '.join(halved)}" if halved else ""))
+    if args.saved_only:
+        return saved_report(args, names, depths, embed_dim)
     if not args.quick:  # every model in every slot of the rotation
         windows = dict(train=len(names), steps=2, warmup=2, gen=1)
     script = os.path.abspath(lm.__file__)
@@ -216,17 +260,53 @@ def run(args):
                 "params_reference_count": memory[name]["params_reference_count"],
                 "mac_share": mac_share(*METHODS[name], embed_dim, layers, cfg["context"]),
                 "operators_per_step": operators_per_step(*METHODS[name], layers),
+                "saved_bytes_per_token": saved_per_token(*METHODS[name], embed_dim, layers,
+                                                         args.device, args.fp16),
             }
         if {"mhc_lite_n4", "mhc_n4"} <= set(rows):  # mHC-lite against mHC (Sinkhorn)
             rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
                 train["mhc_lite_n4"], train["mhc_n4"])
+        base_saved = rows[BASELINE]["saved_bytes_per_token"]
+        for r in rows.values():
+            r["saved_ratio"] = (None if r["saved_bytes_per_token"] is None
+                                else round(r["saved_bytes_per_token"] / base_saved, 3))
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]
     return report
 
 
+def saved_report(args, names, depths, embed_dim):
+    """``--saved-only``: the saved-for-backward column alone (no timing, no worker process): on
+    a CPU under ``TRITON_INTERPRET=1`` what the fused kernels keep, without a GPU."""
+    report = {"benchmark": "depth", "saved_only": True, "device": args.device,
+              "fp16": args.fp16, "torch": torch.__version__, "embed_dim": embed_dim,
+              "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "depths": {}}
+    for layers in depths:
+        rows = {name: {"saved_bytes_per_token": saved_per_token(
+            *METHODS[name], embed_dim, layers, args.device, args.fp16)} for name in names}
+        base = rows[BASELINE]["saved_bytes_per_token"]
+        for r in rows.values():
+            r["saved_ratio"] = (None if r["saved_bytes_per_token"] is None
+                                else round(r["saved_bytes_per_token"] / base, 3))
+        report["depths"][str(layers)] = rows
+    return report
+
+
 def markdown_table(report):
+    if report.get("saved_only"):
+        lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}"
+                 f"{' (Triton interpreter: the fused kernels)' if report['interpreter'] else ''}"
+                 f", torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}; the "
+                 "bytes per token one training forward pass keeps for its backward (parameters "
+                 "apart, each storage once; context 16, batch 2) and their ratio to the plain "
+                 "model's.", "", "| blocks | method | saved for backward | ratio |",
+                 "|---:|---|---:|---:|"]
+        for layers, rows in report["depths"].items():
+            lines += [f"| {layers} | {name} | {r['saved_bytes_per_token']:,} B | "
+                      f"{r['saved_ratio']:.3f} |" for name, r in rows.items()
+                      if r["saved_bytes_per_token"] is not None]
+        return "\n".join(lines)
     c = report["config"]
     lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
              f"torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']} (the ar_encdec "
@@ -234,7 +314,9 @@ def markdown_table(report):
              f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}. Ratios to the plain "
              "model in the same process; MAC share: the method's forward MACs per token over the "
              "plain blocks'; operators: aten operators of one forward + backward pass, views and "
-             "allocations apart; kernel share: the system part of the process's CPU time in "
+             "allocations apart; saved for backward: the bytes per token one training forward "
+             "pass keeps for its backward (parameters apart; context 16, batch 2, on the "
+             "bench's device), and their ratio to the plain model's; kernel share: the system part of the process's CPU time in "
              "the timed steps (page faults, mostly; empty where those steps took under "
              f"{common.MIN_TICKS_FOR_SHARE} clock ticks of CPU time, and in reports made before "
              "the bench counted them). "
@@ -242,17 +324,23 @@ def markdown_table(report):
              + (", ".join(f"{k}={v}" for k, v in report.get("allocator_env", {}).items())
                 or "glibc's defaults (or not recorded)") + ".", "",
              "| blocks | method | training time ratio | peak-memory growth ratio | parameters | "
-             "MAC share | operators | kernel share |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "MAC share | operators | saved for backward | kernel share |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
 
     def cell(value, spec):
         return "" if value is None else format(value, spec)
+
+    def saved_cell(r):  # empty in reports made before the bench measured it
+        if r.get("saved_bytes_per_token") is None:
+            return ""
+        return f"{r['saved_bytes_per_token']:,} B ({r['saved_ratio']:.2f}x)"
     for layers, rows in report["depths"].items():
         for name, r in rows.items():
             lines.append(f"| {layers} | {name} | {r['train_time_ratio']:.3f} | "
                          f"{r['memory_growth_ratio'] or float('nan'):.3f} | "
                          f"{r['params_reference_count']:,} | {r['mac_share']:.4f} | "
                          f"{cell(r.get('operators_per_step'), ',')} | "
-                         f"{cell(r.get('system_time_share'), '.3f')} |")
+                         f"{saved_cell(r)} | {cell(r.get('system_time_share'), '.3f')} |")
     return "\n".join(lines)
 
 
@@ -267,6 +355,9 @@ def parser():
                    "WikiText-2 comparison's; FFN 4x, heads, context and batch unchanged): on a "
                    "GPU the narrow model's steps are kernel-launch bound, a wider one shows the "
                    "methods' arithmetic share")
+    p.add_argument("--saved-only", action="store_true", help="measure only the bytes one "
+                   "training forward pass keeps for its backward (no timing): with "
+                   "TRITON_INTERPRET=1 on a CPU, what the fused kernels keep")
     p.add_argument("--batch", type=int, help=f"sequences per update (default {BATCH}, the "
                    "comparison's): on a GPU in fp16 the plain step at batch 16 is launch-bound "
                    "even at d=1024 (results/gpu_check_h200); a larger batch measures the "

@@ -11,12 +11,16 @@
 #      with the fused rows: bench_depth_d{128,1024}.{json,md};
 #   3. graph: the bench's --cuda-graph rows at d = 128 against the plain model without the
 #      graph: bench_graph_d128.{json,md};
-#   4. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
+#   4. compile: the bench's --torch-compile rows (mode reduce-overhead) at d = 128 for the plain
+#      model and four connections, against the plain model without it: bench_compile_d128.
+#      {json,md} (which of graph and compile comes closer; compiling takes its time in the
+#      bench's warm-up);
+#   5. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
 #      without them, and with --cuda-graph (the same loss curve within fp32 rounding), and in
 #      fp16: fp16_check/results.{json,md}.
-#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph equality"] [FAIRSEQ_SRC=DIR]
+#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph compile equality"] [FAIRSEQ_SRC=DIR]
 #   bash scripts/bench/gpu_check.sh
-# STAGES runs a subset (a lease too short for all four in one call). Needs a CUDA GPU, a Python
+# STAGES runs a subset (a lease too short for all five in one call). Needs a CUDA GPU, a Python
 # with torch and triton, and data-bin/wikitext-2 (python scripts/prepare/lm.py --dataset
 # wikitext-2). fairseq and this package are installed first where missing, without network:
 # from .gpu-wheels/ (scripts/bench/gpu_wheels.sh makes it; carry it and data-bin/wikitext-2 to a
@@ -26,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu_check}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-tests bench graph equality}
+STAGES=${STAGES:-tests bench graph compile equality}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -70,6 +74,7 @@ fi
 FUSED=hc_static_n4,hc_dynamic_n4,mhc_n4,mhc_lite_n4,frac_dynamic_m4,attn_res_full,attn_res_block,mudd
 ROWS=$FUSED,${FUSED//,/_eager,}_eager,dwa,value_residual
 GRAPH_ROWS=plain_graph,${FUSED//,/_graph,}_graph,dwa_graph,value_residual_graph
+COMPILE_ROWS=plain_compile,hc_dynamic_n4_compile,mhc_n4_compile,attn_res_full_compile,mudd_compile
 if stage tests; then
     SECONDS=0
     "$PY" -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/kernel_tests.txt"
@@ -86,6 +91,11 @@ if stage graph; then
     # the training passes of the blocks as a CUDA graph (--cuda-graph), against the plain
     # model without it in the same process: what the launches cost
     bench bench_graph_d128 128 16 "$GRAPH_ROWS"
+fi
+if stage compile; then
+    # the same blocks through torch.compile (--torch-compile, reduce-overhead): inductor's
+    # kernels from the eager code, replayed by torch's CUDA graphs
+    bench bench_compile_d128 128 16 "$COMPILE_ROWS"
 fi
 if stage equality; then
     SECONDS=0
