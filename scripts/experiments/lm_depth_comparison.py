@@ -614,7 +614,47 @@ def summarise(args, results, plan, matched_of=None):
     if sum(bool(c) for c in base_curves.values()) > 1:
         report["baseline_curves"], depth_lines = baseline_across_depths(base_curves)
         lines += depth_lines
+    report["cpu_time"], cpu_lines = cpu_time(results, args.updates)
+    lines += cpu_lines
     return report, "\n".join(lines)
+
+
+def cpu_time(results, updates):
+    """The CPU time the finished runs' training took (fairseq-train's processes, summed over a
+    resumed run's): measured where a run's count is complete, estimated for a run whose count
+    is not (a process of it ran before the count was kept, a null in its segments) as
+    ``updates`` times the CPU seconds per update of the same row's complete runs at the same
+    depth; a run without such a twin is counted as not estimated. ``results`` {(depth, row,
+    seed): result}. -> (JSON entry, markdown lines)."""
+    complete = [r for r in results.values() if r.get("train_cpu_seconds") is not None]
+    per_update = {}
+    for r in complete:
+        per_update.setdefault((r["depth"], r["row"]), []).append(r["train_cpu_seconds"] / updates)
+    estimated, missing = [], []
+    for (depth, row, seed), r in sorted(results.items()):
+        if r.get("train_cpu_seconds") is None:
+            rates = per_update.get((depth, row))
+            if rates:
+                estimated.append(float(np.mean(rates)) * updates)
+            else:
+                missing.append(f"{row} at {depth} blocks, seed {seed}")
+    measured = sum(r["train_cpu_seconds"] for r in complete)
+    hours = (measured + sum(estimated)) / 3600
+    entry = {"measured_core_hours": round(measured / 3600, 2), "measured_runs": len(complete),
+             "estimated_core_hours": round(sum(estimated) / 3600, 2),
+             "estimated_runs": len(estimated), "not_estimated": missing}
+    text = (f"Training took {hours:.1f} core-hours for {len(results) - len(missing)} runs: "
+            f"{measured / 3600:.1f} measured over {len(complete)} runs")
+    if estimated:
+        text += (f", {sum(estimated) / 3600:.1f} estimated for {len(estimated)} whose count is "
+                 "incomplete (a process of theirs ran before the count was kept), at the CPU "
+                 "seconds per update of the same row's complete runs at the same depth")
+    text += "."
+    if missing:
+        text += (f" Not estimated (no complete run of the same row and depth yet): "
+                 f"{'; '.join(missing)}.")
+    return entry, ["### CPU time", "", text + " The scoring and the curves are not counted "
+                   "(about 5% more).", ""]
 
 
 def baseline_across_depths(curves):
