@@ -324,6 +324,9 @@ def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows
                                "runs, 1.2 estimated for 1 whose count is incomplete")
     assert "Not estimated (no complete run of the same row and depth yet): baseline at 8 " \
            "blocks, seed 1." in lines[2]
+    _, lines = comparison.cpu_time(dict([run(4, "baseline", 1, None)]), updates=100)
+    assert lines[2].startswith("No run's CPU time is complete yet. Not estimated (no complete "
+                               "run of the same row and depth yet): baseline at 4 blocks, seed 1.")
 
 
 def test_how_a_difference_moves_between_budgets():

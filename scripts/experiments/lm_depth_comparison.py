@@ -643,8 +643,11 @@ def cpu_time(results, updates):
     entry = {"measured_core_hours": round(measured / 3600, 2), "measured_runs": len(complete),
              "estimated_core_hours": round(sum(estimated) / 3600, 2),
              "estimated_runs": len(estimated), "not_estimated": missing}
-    text = (f"Training took {hours:.1f} core-hours for {len(results) - len(missing)} runs: "
-            f"{measured / 3600:.1f} measured over {len(complete)} runs")
+    if not complete:
+        text = "No run's CPU time is complete yet"
+    else:
+        text = (f"Training took {hours:.1f} core-hours for {len(results) - len(missing)} "
+                f"runs: {measured / 3600:.1f} measured over {len(complete)} runs")
     if estimated:
         text += (f", {sum(estimated) / 3600:.1f} estimated for {len(estimated)} whose count is "
                  "incomplete (a process of theirs ran before the count was kept), at the CPU "
