@@ -158,8 +158,8 @@ def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:
     return kernel(alpha, *sources)
 
 
-def weighted_sums(alpha: Tensor, *sources: Tensor) -> Tensor:
-    """The fused ``sum_i alpha[..., w, i] sources[i]`` for every w, W x ... x C, in the type
+def weighted_sums(alpha: Tensor, *sources: Tensor):
+    """The fused ``sum_i alpha[..., w, i] sources[i]`` for every w, W tensors ... x C, in the type
     promotion of the weights and the sources
     (:func:`fairseq_plugins.kernels.weighted_sum.weighted_sums`)."""
     from ..kernels.weighted_sum import weighted_sums as kernel

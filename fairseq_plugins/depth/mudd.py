@@ -119,7 +119,7 @@ class DepthAggregate(nn.Module):
         weights = weights.view(*weights.shape[:-1], self.ways, self.states) + self.static.to(
             weights.dtype)
         if fused_kernel:
-            return list(fused.weighted_sums(weights, *history).unbind(0))
+            return list(fused.weighted_sums(weights, *history))
         outs = []
         for c in range(self.ways):
             w = weights[..., c, :]

@@ -12,6 +12,8 @@ addresses, and one program per position runs over the sources and the width in b
 
     grad_alpha[p, w, i] = grad_w[p] . v_i[p],     grad_v_i[p] = sum_w alpha[p, w, i] grad_w[p].
 """
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -23,15 +25,16 @@ BLOCK_C = 128
 
 
 @triton.jit
-def _forward_kernel(alpha_ptr, table_ptr, out_ptr, positions, sources, width,
+def _forward_kernel(alpha_ptr, table_ptr, out_table_ptr, sources, width,
                     WAYS: tl.constexpr, WAYS_PAD: tl.constexpr, BLOCK: tl.constexpr,
-                    ACC: tl.constexpr):
+                    ACC: tl.constexpr, ELEMENT: tl.constexpr):
     p = tl.program_id(0)
     row = p.to(tl.int64) * width
-    plane = positions.to(tl.int64) * width  # one way's output
     way = tl.arange(0, WAYS_PAD)
     way_ok = way < WAYS
-    element = out_ptr.dtype.element_ty
+    element = ELEMENT
+    # each way's output is a tensor of its own (its address in the table)
+    outs = tl.load(out_table_ptr + way, mask=way_ok, other=0).to(tl.pointer_type(element))
     for start in range(0, width, BLOCK):
         c = start + tl.arange(0, BLOCK)
         mask = c < width
@@ -42,20 +45,21 @@ def _forward_kernel(alpha_ptr, table_ptr, out_ptr, positions, sources, width,
             source = tl.load(table_ptr + i).to(tl.pointer_type(element))
             value = tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
             acc += weight[:, None] * value[None, :]
-        tl.store(out_ptr + way[:, None] * plane + row + c[None, :], acc.to(element),
+        tl.store(outs[:, None] + row + c[None, :], acc.to(element),
                  mask=way_ok[:, None] & mask[None, :])
 
 
 @triton.jit
-def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_ptr, positions,
+def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_out_table_ptr, grad_alpha_ptr,
                      sources, width, WAYS: tl.constexpr, WAYS_PAD: tl.constexpr,
-                     BLOCK: tl.constexpr, ACC: tl.constexpr):
+                     BLOCK: tl.constexpr, ACC: tl.constexpr, ELEMENT: tl.constexpr):
     p = tl.program_id(0)
     row = p.to(tl.int64) * width
-    plane = positions.to(tl.int64) * width
     way = tl.arange(0, WAYS_PAD)
     way_ok = way < WAYS
-    element = grad_ptr.dtype.element_ty
+    element = ELEMENT
+    grad_outs = tl.load(grad_out_table_ptr + way, mask=way_ok, other=0).to(
+        tl.pointer_type(element))
     for i in range(0, sources):
         weight = tl.load(alpha_ptr + (p * WAYS + way) * sources + i, mask=way_ok,
                          other=0.0).to(ACC)
@@ -65,7 +69,7 @@ def _backward_kernel(alpha_ptr, table_ptr, grad_table_ptr, grad_ptr, grad_alpha_
         for start in range(0, width, BLOCK):
             c = start + tl.arange(0, BLOCK)
             mask = c < width
-            g = tl.load(grad_ptr + way[:, None] * plane + row + c[None, :],
+            g = tl.load(grad_outs[:, None] + row + c[None, :],
                         mask=way_ok[:, None] & mask[None, :], other=0.0).to(ACC)
             value = tl.load(source + row + c, mask=mask, other=0.0).to(ACC)
             dot += g * value[None, :]
@@ -95,43 +99,52 @@ def _table(tensors) -> Tensor:
     return pinned.to(tensors[0].device, non_blocking=True)
 
 
+# Triton's element types of the torch dtypes the kernels take
+_ELEMENT = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+            torch.float64: tl.float64}
+
+
 class WeightedSums(torch.autograd.Function):
     """(alpha P x W x s, v_1 .. v_s P x C each, one dtype, contiguous) -> W sums
-    ``sum_i alpha[:, w, i] v_i``, W x P x C in the sources' dtype (each source read once for
-    all W)."""
+    ``sum_i alpha[:, w, i] v_i``, P x C each in the sources' dtype (each source read once for
+    all W). The sums are separate tensors, not planes of one: a consumer that keeps one sum
+    for its backward (a LayerNorm of MUDD's key) then keeps that sum alone, not all W."""
 
     @staticmethod
-    def forward(ctx, alpha: Tensor, *sources: Tensor) -> Tensor:
+    def forward(ctx, alpha: Tensor, *sources: Tensor):
         positions, width = sources[0].shape
         ways = alpha.size(1)
         alpha = alpha.contiguous()
-        out = sources[0].new_empty(ways, positions, width)
+        outs = [sources[0].new_empty(positions, width) for _ in range(ways)]
         meta = dict(WAYS=ways, WAYS_PAD=triton.next_power_of_2(ways), BLOCK=BLOCK_C,
-                    ACC=accumulator(out.dtype))
-        _forward_kernel[(positions,)](alpha, _table(sources), out, positions, len(sources),
+                    ACC=accumulator(sources[0].dtype), ELEMENT=_ELEMENT[sources[0].dtype])
+        _forward_kernel[(positions,)](alpha, _table(sources), _table(outs), len(sources),
                                       width, **meta)
         ctx.save_for_backward(alpha, *sources)
         ctx.meta = meta
-        return out
+        return tuple(outs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, *grad_outs: Tensor):
         alpha, *sources = ctx.saved_tensors
         positions, width = sources[0].shape
-        grad = grad.contiguous().to(sources[0].dtype)
+        # a way nobody used has a zero gradient (autograd materialises it)
+        grad_outs = [g.contiguous().to(sources[0].dtype) for g in grad_outs]
         grads = [torch.empty_like(v) for v in sources]
         grad_alpha = torch.empty(alpha.shape, dtype=torch.promote_types(alpha.dtype,
                                                                         torch.float32),
                                  device=alpha.device)
-        _backward_kernel[(positions,)](alpha, _table(sources), _table(grads), grad,
-                                       grad_alpha, positions, len(sources), width, **ctx.meta)
+        _backward_kernel[(positions,)](alpha, _table(sources), _table(grads), _table(grad_outs),
+                                       grad_alpha, len(sources), width, **ctx.meta)
         return (grad_alpha.to(alpha.dtype), *grads)
 
 
-def weighted_sums(alpha: Tensor, *sources: Tensor, with_weights_dtype: bool = False) -> Tensor:
+def weighted_sums(alpha: Tensor, *sources: Tensor, with_weights_dtype: bool = False
+                  ) -> Tuple[Tensor, ...]:
     """``sum_i alpha[..., w, i] sources[i]`` for every w: ``alpha`` ... x W x s, each source
-    ... x C (the same leading dimensions) -> W x ... x C, in the widest of the sources' dtypes
+    ... x C (the same leading dimensions) -> W tensors ... x C (separate storages), in the
+    widest of the sources' dtypes
     (AttnRes's eager rule), or of theirs and alpha's (``with_weights_dtype``: the type
     promotion of MUDD's eager products)."""
     dtype = alpha.dtype if with_weights_dtype else sources[0].dtype
@@ -139,8 +152,8 @@ def weighted_sums(alpha: Tensor, *sources: Tensor, with_weights_dtype: bool = Fa
         dtype = torch.promote_types(dtype, v.dtype)
     lead, width = sources[0].shape[:-1], sources[0].size(-1)
     flat = [v.to(dtype).reshape(-1, width).contiguous() for v in sources]
-    out = WeightedSums.apply(alpha.reshape(-1, *alpha.shape[-2:]), *flat)
-    return out.view(alpha.size(-2), *lead, width)
+    outs = WeightedSums.apply(alpha.reshape(-1, *alpha.shape[-2:]), *flat)
+    return tuple(out.view(*lead, width) for out in outs)
 
 
 def weighted_sum(alpha: Tensor, *sources: Tensor) -> Tensor:

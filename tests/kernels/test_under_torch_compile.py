@@ -19,9 +19,14 @@ def test_a_compiled_pass_runs_the_eager_code_and_an_eager_pass_the_kernels(monke
     model = build_language_model("gpt_baseline_lm_mhc_tiny",
                                  ["--torch-compile", "--layers", "2"])[0].to(DEVICE)
     assert model.decoder.depth.connection.fused
+    eager_code = build_language_model("gpt_baseline_lm_mhc_tiny",
+                                      ["--no-fused-kernels", "--layers", "2"])[0].to(DEVICE)
+    eager_code.load_state_dict(model.state_dict())
     tokens = torch.randint(4, 20, (2, 6), device=DEVICE)
     compiled = model.train()(tokens)[0]
+    # one graph (no break) of the eager code: bitwise the --no-fused-kernels model
     assert len(traced) == 1 and not any(kernels)
+    torch.testing.assert_close(compiled, eager_code.train()(tokens)[0], rtol=0, atol=0)
     eager = model.eval()(tokens)[0]  # the model has no dropout: the same function
     assert all(kernels), "the eager pass did not run the kernels"
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)

@@ -52,7 +52,9 @@ def test_several_ways_equal_the_sums_one_by_one():
     alpha = torch.randn(3, 2, 4, 5, dtype=torch.float64, device=DEVICE)  # 4 ways, 5 states
     values = [torch.randn(3, 2, 33, dtype=torch.float64, device=DEVICE) for _ in range(5)]
     sums = kernel.weighted_sums(alpha, *values)
-    assert sums.shape == (4, 3, 2, 33)
+    assert len(sums) == 4 and all(way.shape == (3, 2, 33) for way in sums)
+    # separate storages: keeping one way (for a backward) does not keep the others alive
+    assert len({way.untyped_storage().data_ptr() for way in sums}) == 4
     for way in range(4):
         torch.testing.assert_close(sums[way], kernel.weighted_sum(alpha[..., way, :], *values),
                                    rtol=0, atol=1e-13)
