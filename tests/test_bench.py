@@ -342,6 +342,39 @@ def test_the_saved_only_bench_measures_what_each_row_keeps_for_its_backward(tmp_
     assert "| 2 | hc_static_n4 |" in table and "mhc_n4_graph" not in table
 
 
+def test_the_gpu_targets_are_read_from_the_checks_reports(tmp_path):
+    targets = paths.load_script("bench", "gpu_targets.py")
+    depth = paths.load_script("bench", "depth.py")
+    script = open(os.path.join(SCRIPTS, "bench", "gpu_check.sh")).read()
+    for name, rows, _, against in targets.TARGETS:  # rows the bench has, reports the check writes
+        assert f"bench {name} " in script
+        assert all(r in depth.METHODS for r in rows) and (against is None
+                                                          or against in depth.METHODS)
+
+    def report(name, ratios):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"ratios_vs_plain": {
+            row: {"train_time_ratio": ratio} for row, ratio in ratios.items()}}))
+    report("bench_depth_d1024", {"plain": 1.0, "mhc_n4": 1.08, "mudd": 1.2})
+    report("bench_graph_d128", {"plain": 1.0, "plain_graph": 0.5, "mhc_n4_graph": 0.6,
+                                "dwa_graph": 0.7})
+    assert targets.main([str(tmp_path)]) == 0
+    results = {(r["report"], r["row"]): r for r in json.loads(
+        (tmp_path / "targets.json").read_text())}
+    assert results[("bench_depth_d1024", "mhc_n4")]["met"] is True
+    assert results[("bench_depth_d1024", "mudd")]["met"] is False
+    assert results[("bench_depth_d1024", "dwa")]["met"] is None  # not in the report
+    # the graph rows against the plain model under the graph: 0.6 / 0.5 = 1.2, 0.7 / 0.5 = 1.4
+    assert results[("bench_graph_d128", "mhc_n4_graph")]["ratio"] == 1.2
+    assert results[("bench_graph_d128", "mhc_n4_graph")]["met"] is True
+    assert results[("bench_graph_d128", "dwa_graph")]["met"] is False
+    assert all(r["met"] is None for (name, _), r in results.items()
+               if name == "bench_compile_d128")  # no such report: not measured
+    table = (tmp_path / "targets.md").read_text()
+    assert table.startswith("2 of 4 measured targets met")
+    assert "| bench_graph_d128 | dwa_graph | plain_graph | 1.400 | <= 1.25 | no |" in table
+    assert targets.main([str(tmp_path / "absent")]) == 2
+
+
 def test_cpu_seconds_counts_the_kernel_time_of_fresh_memory():
     """The bench's kernel share: touching freshly mapped memory (a large tensor glibc maps for
     it) is page faults, system time of the process, which the split must see."""

@@ -18,6 +18,8 @@
 #   5. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
 #      without them, and with --cuda-graph (the same loss curve within fp32 rounding), and in
 #      fp16: fp16_check/results.{json,md}.
+# After the stages, scripts/bench/gpu_targets.py checks the targets against the bench
+# reports in OUT (this call's and an earlier call's): targets.{json,md}.
 #   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph compile equality"] [FAIRSEQ_SRC=DIR]
 #   bash scripts/bench/gpu_check.sh
 # STAGES runs a subset (a lease too short for all five in one call). Needs a CUDA GPU, a Python
@@ -104,3 +106,6 @@ if stage equality; then
         --out-dir "$OUT/fp16_check"
     echo "[gpu_check] 200-update equality: ${SECONDS}s" >&2
 fi
+# the targets against whatever the stages above (this call's or an earlier one's) left
+# in $OUT: targets.{json,md}
+"$PY" scripts/bench/gpu_targets.py "$OUT"
