@@ -17,10 +17,10 @@ def test_a_compiled_pass_runs_the_eager_code_and_an_eager_pass_the_kernels(monke
     kernels = [count_calls(monkeypatch, name, lambda *args: 1)
                for name in ("mhc_coefficients", "stream_products", "sinkhorn_scaling")]
     model = build_language_model("gpt_baseline_lm_mhc_tiny",
-                                 ["--torch-compile", "--layers", "2"])[0].to(DEVICE)
+                                 ["--torch-compile", "--layers", "1"])[0].to(DEVICE)
     assert model.decoder.depth.connection.fused
     eager_code = build_language_model("gpt_baseline_lm_mhc_tiny",
-                                      ["--no-fused-kernels", "--layers", "2"])[0].to(DEVICE)
+                                      ["--no-fused-kernels", "--layers", "1"])[0].to(DEVICE)
     eager_code.load_state_dict(model.state_dict())
     tokens = torch.randint(4, 20, (2, 6), device=DEVICE)
     compiled = model.train()(tokens)[0]
