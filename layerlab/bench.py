@@ -270,8 +270,7 @@ def bytes_saved_for_backward(fn, exclude=()) -> int:
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = fn()
-    del out
+        fn()
     return sum(saved.values())
 
 

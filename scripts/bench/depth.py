@@ -266,14 +266,20 @@ def run(args):
         if {"mhc_lite_n4", "mhc_n4"} <= set(rows):  # mHC-lite against mHC (Sinkhorn)
             rows["mhc_lite_n4"]["train_time_ratio_vs_mhc"] = common.paired_ratio(
                 train["mhc_lite_n4"], train["mhc_n4"])
-        base_saved = rows[BASELINE]["saved_bytes_per_token"]
-        for r in rows.values():
-            r["saved_ratio"] = (None if r["saved_bytes_per_token"] is None
-                                else round(r["saved_bytes_per_token"] / base_saved, 3))
+        add_saved_ratios(rows)
         report["depths"][str(layers)] = rows
     # the targets read the deepest stack measured (where the methods cost the most)
     report["ratios_vs_plain"] = report["depths"][str(max(depths))]
     return report
+
+
+def add_saved_ratios(rows):
+    """Each row's ``saved_ratio``: its saved bytes per token over the plain model's (None
+    where the row has none)."""
+    base = rows[BASELINE]["saved_bytes_per_token"]
+    for r in rows.values():
+        r["saved_ratio"] = (None if r["saved_bytes_per_token"] is None
+                            else round(r["saved_bytes_per_token"] / base, 3))
 
 
 def saved_report(args, names, depths, embed_dim):
@@ -285,28 +291,30 @@ def saved_report(args, names, depths, embed_dim):
     for layers in depths:
         rows = {name: {"saved_bytes_per_token": saved_per_token(
             *METHODS[name], embed_dim, layers, args.device, args.fp16)} for name in names}
-        base = rows[BASELINE]["saved_bytes_per_token"]
-        for r in rows.values():
-            r["saved_ratio"] = (None if r["saved_bytes_per_token"] is None
-                                else round(r["saved_bytes_per_token"] / base, 3))
+        add_saved_ratios(rows)
         report["depths"][str(layers)] = rows
     return report
 
 
+def saved_markdown(report):
+    """The markdown of a ``--saved-only`` report."""
+    lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}"
+             f"{' (Triton interpreter: the fused kernels)' if report['interpreter'] else ''}"
+             f", torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}; the "
+             "bytes per token one training forward pass keeps for its backward (parameters "
+             "apart, each storage once; context 16, batch 2) and their ratio to the plain "
+             "model's.", "", "| blocks | method | saved for backward | ratio |",
+             "|---:|---|---:|---:|"]
+    for layers, rows in report["depths"].items():
+        lines += [f"| {layers} | {name} | {r['saved_bytes_per_token']:,} B | "
+                  f"{r['saved_ratio']:.3f} |" for name, r in rows.items()
+                  if r["saved_bytes_per_token"] is not None]
+    return "\n".join(lines)
+
+
 def markdown_table(report):
     if report.get("saved_only"):
-        lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}"
-                 f"{' (Triton interpreter: the fused kernels)' if report['interpreter'] else ''}"
-                 f", torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}; the "
-                 "bytes per token one training forward pass keeps for its backward (parameters "
-                 "apart, each storage once; context 16, batch 2) and their ratio to the plain "
-                 "model's.", "", "| blocks | method | saved for backward | ratio |",
-                 "|---:|---|---:|---:|"]
-        for layers, rows in report["depths"].items():
-            lines += [f"| {layers} | {name} | {r['saved_bytes_per_token']:,} B | "
-                      f"{r['saved_ratio']:.3f} |" for name, r in rows.items()
-                      if r["saved_bytes_per_token"] is not None]
-        return "\n".join(lines)
+        return saved_markdown(report)
     c = report["config"]
     lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
              f"torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']} (the ar_encdec "
@@ -316,8 +324,8 @@ def markdown_table(report):
              "plain blocks'; operators: aten operators of one forward + backward pass, views and "
              "allocations apart; saved for backward: the bytes per token one training forward "
              "pass keeps for its backward (parameters apart; context 16, batch 2, on the "
-             "bench's device), and their ratio to the plain model's; kernel share: the system part of the process's CPU time in "
-             "the timed steps (page faults, mostly; empty where those steps took under "
+             "bench's device), and their ratio to the plain model's; kernel share: the system "
+             "part of the process's CPU time in the timed steps (page faults, mostly; empty where those steps took under "
              f"{common.MIN_TICKS_FOR_SHARE} clock ticks of CPU time, and in reports made before "
              "the bench counted them). "
              "Allocator settings: "
