@@ -8,9 +8,13 @@
 #   2. every row at 4 blocks, seed 1 (while the depth is not known yet);
 #   3. every row at 4 blocks and the deeper depth, seeds 1, 2, 3, seed by seed.
 # Each stage skips what is finished (result.json), continues an interrupted run from its last
-# checkpoint (every 100 updates), keeps every finished run in results/lm_depth_runs_8k (commit
-# it) and writes the tables to results/lm_depth_comparison_8k_cpu.{json,md}.
+# checkpoint (every 100 updates) and keeps every finished run in results/lm_depth_runs_8k (commit
+# it). After each stage one report over every finished run (every row, 4, 8 and 12 blocks, each
+# row over the seeds it has; against the 800-update report and runs) is written to
+# results/lm_depth_comparison_8k_cpu.{json,md}: a stage's own tables (in OUT) hold only its
+# plan, so a restart of stage 1 would otherwise replace the committed report by the baselines'.
 #   [OUT=DIR] [DEEP=8|12] [ROWS=a,b] [JOBS=2] [WIKITEXT_FROM=DIR] bash scripts/experiments/lm_depth_long.sh
+#   bash scripts/experiments/lm_depth_long.sh report    # that report alone, training nothing
 # OUT (scratch: checkpoints, logs) defaults to ~/layerlab-runs/lm-depth-8k, outside the work
 # tree, so that a new checkout on the same machine continues the unfinished runs.
 set -euo pipefail
@@ -21,11 +25,23 @@ ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,at
 python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
 compare() {
     python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
-        --keep-runs "$KEEP" --results-name lm_depth_comparison_8k_cpu --updates 8000 \
-        --warmup-updates 100 --log-interval 40 --curve-interval 800 --jobs "${JOBS:-2}" "$@"
+        --keep-runs "$KEEP" --updates 8000 --warmup-updates 100 --log-interval 40 \
+        --curve-interval 800 --jobs "${JOBS:-2}" "$@"
 }
+report() {
+    compare --rows "$ROWS" --depths 4,8,12 --seeds 1,2,3 --report-only \
+        --results-name lm_depth_comparison_8k_cpu \
+        --shorter-report results/lm_depth_comparison_cpu.json --shorter-runs results/lm_depth_runs
+}
+if [ "${1:-}" = report ]; then
+    report
+    exit
+fi
 compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
+report
 DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
 echo "the deeper depth: $DEEP blocks" >&2
 compare --rows "$ROWS" --depths 4 --seeds 1
+report
 compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3
+report
