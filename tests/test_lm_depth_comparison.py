@@ -452,6 +452,15 @@ def test_the_ranking_across_depths_and_its_rank_correlation():
     partial, lines = comparison.ranking_across_depths(
         {"4": table(shallow), "12": table({"a": -0.1, "b": 0.0})})
     assert partial["spearman"] is None and partial["rows"] == ["a", "b"] and lines == []
+    # a deepest depth with the baseline alone (the longer comparison's depth search) ranks
+    # nothing: the ranking is between the shallowest and the deepest depth with rows
+    searched, lines = comparison.ranking_across_depths(
+        {"4": table(shallow), "8": table({k: -v for k, v in shallow.items()}),
+         "12": {"baseline": {}}})
+    assert searched["depths"] == [4, 8] and searched["spearman"] == pytest.approx(-1.0)
+    assert lines[0] == "### The ranking at 4 and 8 blocks"
+    alone, lines = comparison.ranking_across_depths({"4": table(shallow), "12": {"baseline": {}}})
+    assert alone["spearman"] is None and lines == []
 
 
 fp16_check = paths.load_script("experiments", "lm_fp16_check.py")

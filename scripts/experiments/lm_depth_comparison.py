@@ -727,11 +727,17 @@ def curve_lines(depth, curves, base_curves):
 
 def ranking_across_depths(depths):
     """Whether the rows rank alike at every depth: the rows measured against the baseline at
-    the shallowest and the deepest depth, ranked by their difference at each (1: the largest
-    gain), and Spearman's rank correlation of the two rankings (no ties expected: differences
-    of real runs). Each difference is shown with the seeds its test had (the fewer side's): a
-    row with one seed at a depth ranks on that seed alone. -> (JSON entry, markdown lines)."""
-    low, high = sorted(depths, key=int)[0], sorted(depths, key=int)[-1]
+    the shallowest and the deepest depth that has any (a depth with the baseline alone, e.g.
+    the 12 blocks of the longer comparison's depth search, ranks nothing), ranked by their
+    difference at each (1: the largest gain), and Spearman's rank correlation of the two
+    rankings (no ties expected: differences of real runs). Each difference is shown with the
+    seeds its test had (the fewer side's): a row with one seed at a depth ranks on that seed
+    alone. -> (JSON entry, markdown lines)."""
+    measured = [d for d in sorted(depths, key=int)
+                if any("vs_baseline" in e for e in depths[d].values())]
+    if len(measured) < 2:
+        return {"depths": [int(d) for d in measured], "rows": [], "spearman": None}, []
+    low, high = measured[0], measured[-1]
     rows = [r for r in depths[low] if "vs_baseline" in depths[low][r]
             and "vs_baseline" in depths[high].get(r, {})]
     if len(rows) < 3:
