@@ -18,30 +18,41 @@
 # OUT (scratch: checkpoints, logs) defaults to ~/layerlab-runs/lm-depth-8k, outside the work
 # tree, so that a new checkout on the same machine continues the unfinished runs.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$HOME/layerlab-runs/lm-depth-8k}
-KEEP=results/lm_depth_runs_8k
-ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,attn_res_block,mudd,dwa,lrf,lrf_all_positions,value_residual,ar_encdec}
-python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
-compare() {
-    python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 --out-dir "$OUT" \
-        --keep-runs "$KEEP" --updates 8000 --warmup-updates 100 --log-interval 40 \
-        --curve-interval 800 --jobs "${JOBS:-2}" "$@"
-}
-report() {
-    compare --rows "$ROWS" --depths 4,8,12 --seeds 1,2,3 --report-only \
-        --results-name lm_depth_comparison_8k_cpu \
-        --shorter-report results/lm_depth_comparison_cpu.json --shorter-runs results/lm_depth_runs
-}
-if [ "${1:-}" = report ]; then
+# the whole script is one function, read before any of it runs: bash reads a script as it runs
+# it, so an edit of this file (a new checkout, a commit) while runs go on would otherwise make
+# the running instance go on from the same byte offset in the new text
+main() {
+    cd "$(dirname "$0")/../.."
+    OUT=${OUT:-$HOME/layerlab-runs/lm-depth-8k}
+    KEEP=results/lm_depth_runs_8k
+    ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,attn_res_block,mudd,dwa,lrf,lrf_all_positions,value_residual,ar_encdec}
+    python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
+    compare() {
+        python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 \
+            --out-dir "$OUT" --keep-runs "$KEEP" --updates 8000 --warmup-updates 100 --log-interval 40 \
+            --curve-interval 800 --jobs "${JOBS:-2}" "$@"
+    }
+    report() {
+        compare --rows "$ROWS" --depths 4,8,12 --seeds 1,2,3 --report-only \
+            --results-name lm_depth_comparison_8k_cpu \
+            --shorter-report results/lm_depth_comparison_cpu.json \
+            --shorter-runs results/lm_depth_runs
+    }
+    if [ "${1:-}" = report ]; then
+        report
+        exit
+    fi
+    # between stages a failed report stops no training: the runs matter more than their tables
+    report_between() {
+        report || echo "lm_depth_long.sh: the report failed; training goes on" >&2
+    }
+    compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
+    report_between
+    DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
+    echo "the deeper depth: $DEEP blocks" >&2
+    compare --rows "$ROWS" --depths 4 --seeds 1
+    report_between
+    compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3
     report
-    exit
-fi
-compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
-report
-DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
-echo "the deeper depth: $DEEP blocks" >&2
-compare --rows "$ROWS" --depths 4 --seeds 1
-report
-compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3
-report
+}
+main "$@"
