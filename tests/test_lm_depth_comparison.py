@@ -239,9 +239,9 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
               "--embed-dim", "16", "--no-matched-baselines", "--warmup-updates", "2",
               "--log-interval", "1", "--save-interval-updates", "2"]
     assert comparison.main([*common, "--updates", "4", "--out-dir", str(tmp_path / "short")]) == 0
-    longer = [*common, "--updates", "8", "--curve-interval", "4", "--out-dir",
+    longer = [*common, "--updates", "8", "--curve-interval", "4", "--test-at", "4", "--out-dir",
               str(tmp_path / "long")]
-    assert comparison.main(longer) == 0
+    assert comparison.main([*longer, "--keep-runs", str(tmp_path / "kept")]) == 0
     short, long = (json.loads((tmp_path / name / "d2" / "baseline" / "seed1" / "result.json")
                               .read_text()) for name in ("short", "long"))
     assert len(long["train_losses"]) == 8 and long["train_losses"][:4] == short["train_losses"]
@@ -253,6 +253,14 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     assert long["allocator"] == "retain"
     run = tmp_path / "long" / "d2" / "baseline" / "seed1"
     assert not any(p.suffix == ".pt" for p in run.iterdir())
+    # --test-at 4: the test set scored with the checkpoint at update 4, the 4-update run's
+    # model: its test blocks, bit for bit; kept with the run
+    for row in ("baseline", "dwa"):
+        at4 = np.load(tmp_path / "long" / "d2" / row / "seed1" / "test_blocks_4.npy")
+        assert np.array_equal(at4, np.load(tmp_path / "short" / "d2" / row / "seed1"
+                                           / "test_blocks.npy"))
+        assert np.array_equal(at4, np.load(tmp_path / "kept" / "d2" / row / "seed1"
+                                           / "test_blocks_4.npy"))
     # the report: DWA's curve as its difference from the baseline of the same seed, ranked at
     # each point, drawn; both tests against the baseline (unpaired and paired over seeds)
     dwa = json.loads((tmp_path / "long" / "d2" / "dwa" / "seed1" / "result.json").read_text())
@@ -282,12 +290,44 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     assert report["budgets"]["depths"]["2"]["moved"] == {"dwa": "not judged"}
     table = (tmp_path / "long" / "results.md").read_text()
     assert "| 2 | baseline | 1 | 4 |" in table and "### 4 against 8 updates, 2 blocks" in table
+    # the same move within the longer runs (their test blocks at update 4): the 4-update
+    # runs' difference, as the shorter report has it
+    shorter = json.loads((tmp_path / "short" / "results.json").read_text())
+    assert report["within_runs"]["4"]["2"]["moved"] == {"dwa": "not judged"}
+    assert ("### 4 against 8 updates within the runs, 2 blocks" in table
+            and f"| dwa | {shorter['depths']['2']['dwa']['vs_baseline']['difference']:+.4f} ["
+            in table.split("within the runs")[1])
     # runs of another budget are never mixed into one table: one line, nothing trained
     capsys.readouterr()
     assert comparison.main([*longer[:-1], str(tmp_path / "short"), "--report-only"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "made with another recipe" in err
     assert "updates 4, not 8" in err and "--max-update 4, not 8" in err
+    # a finished run without the point's blocks (it finished before --test-at was given) gets
+    # them by training the recipe again to the point: the same model as the curve's point
+    # (checked on its validation bits), so the same blocks; another model is left out
+    dwa_run = tmp_path / "long" / "d2" / "dwa" / "seed1"
+    for folder in (run, dwa_run, tmp_path / "kept" / "d2" / "baseline" / "seed1"):
+        os.remove(folder / "test_blocks_4.npy")
+    tampered = json.loads((dwa_run / "result.json").read_text())
+    tampered["curve"]["valid_bits"][0] += 0.01
+    (dwa_run / "result.json").write_text(json.dumps(tampered))
+    capsys.readouterr()
+    assert comparison.main([*longer, "--keep-runs", str(tmp_path / "kept")]) == 0
+    err = capsys.readouterr().err
+    for folder in (run, tmp_path / "kept" / "d2" / "baseline" / "seed1"):
+        assert np.array_equal(np.load(folder / "test_blocks_4.npy"),
+                              np.load(tmp_path / "short" / "d2" / "baseline" / "seed1"
+                                      / "test_blocks.npy"))
+    assert not (dwa_run / "test_blocks_4.npy").exists() and not (dwa_run / "at4").exists()
+    assert "not the same model" in err and "dwa at 2 blocks, seed 1 stays out" in err
+    assert json.loads((tmp_path / "long" / "results.json").read_text())["within_runs"] == {}
+    (dwa_run / "result.json").write_text(json.dumps(dwa))
+    # --test-at a point that is not one of the curve's, or its end: refused in one line
+    for bad in ("3", "8"):
+        assert comparison.main([*longer, "--test-at", bad, "--report-only"]) == 2
+        assert f"--test-at {bad}: not a point of the learning curve before the end" in \
+            capsys.readouterr().err
     # a shorter report that is not shorter is refused
     assert comparison.main([*longer, "--report-only", "--shorter-report",
                             str(tmp_path / "long" / "results.json")]) == 2

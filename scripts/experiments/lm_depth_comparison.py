@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -99,6 +100,7 @@ BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
 VERDICT_SEEDS = 3
 # what --keep-runs keeps of a finished run: all that the report and the figures read
 KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analysis.json"))
+TEST_AT = re.compile(r"test_blocks_(\d+)\.npy")  # the test blocks at a curve point (--test-at)
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
 # the CPU seconds of each fairseq-train process of a run so far (a resumed run has several);
 # null for a process that did not end normally (killed: its time is unknown), and no file for a
@@ -189,6 +191,12 @@ def check_inputs(args):
             raise InputError(f"--curve-interval {args.curve_interval} needs checkpoints at its "
                              f"multiples: a multiple of --save-interval-updates "
                              f"({args.save_interval_updates})")
+    points = curve_points(args.updates, args.curve_interval) if args.curve_interval else []
+    for update in args.test_at:
+        if update not in points or update == args.updates:
+            raise InputError(f"--test-at {update}: not a point of the learning curve before the "
+                             f"end (--curve-interval {args.curve_interval}, --updates "
+                             f"{args.updates})")
     if args.shorter_report:
         other = runs.read_json(args.shorter_report)
         if not other or "depths" not in other:
@@ -280,16 +288,55 @@ def copy_files(source, target):
     """KEPT_FILES from one run folder to another (those the run has: a diverged run has only its
     result, a later seed no analysis); the result last, so that a copy broken off part-way is
     not a finished run."""
-    for name in sorted(KEPT_FILES, key=lambda n: n == "result.json"):
+    at_points = sorted(n for n in os.listdir(source) if TEST_AT.fullmatch(n))
+    for name in sorted([*KEPT_FILES, *at_points], key=lambda n: n == "result.json"):
         if os.path.exists(os.path.join(source, name)):
             os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
             shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
 
+def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
+    """A finished run's test blocks at the ``--test-at`` points it lacks (it finished before
+    they were asked for, and its checkpoints are gone): the recipe trained again to the point
+    (the same flags but --max-update, seed and threads; the schedule does not depend on
+    --max-update, so it is the long run's first updates) into a scratch folder, kept only when
+    its validation bits are the run's curve point there (to the curve's 5 decimals), else
+    reported and left out. -> the run's result (unchanged: the blocks are files beside it)."""
+    if result.get("diverged") or not result.get("curve"):
+        return result
+    for update in args.test_at:
+        name = f"test_blocks_{update}.npy"
+        if os.path.exists(os.path.join(run_dir, name)):
+            continue
+        print(f"  {row} at {depth} blocks, seed {seed}: training {update} updates again for "
+              f"{name}", file=sys.stderr, flush=True)
+        scratch = os.path.join(run_dir, f"at{update}")
+        runs.fresh_run_dir(scratch)
+        flags = args_recipe_flags(args)
+        flags[flags.index("--max-update") + 1] = update
+        arch, model = row_spec(row, depth, args.embed_dim)
+        runs.run_logged(runs.train_command(args.data, scratch, seed, [
+            "--arch", arch, *model, *flags, "--save-interval-updates", 0]),
+            os.path.join(scratch, "train.log"))
+        checkpoint = os.path.join(scratch, "checkpoint_last.pt")
+        bits = round(significance.score("bits", score_blocks(checkpoint, args.data, "valid")), 5)
+        expected = result["curve"]["valid_bits"][result["curve"]["updates"].index(update)]
+        if bits == expected:
+            np.save(os.path.join(run_dir, name), score_blocks(checkpoint, args.data, "test"))
+            if kept_dir:
+                shutil.copyfile(os.path.join(run_dir, name), os.path.join(kept_dir, name))
+        else:
+            print(f"  not the same model: {bits} validation bits at update {update}, the run's "
+                  f"curve has {expected} (other code or threads?): {row} at {depth} blocks, "
+                  f"seed {seed} stays out of the table at {update}", file=sys.stderr, flush=True)
+        shutil.rmtree(scratch)
+    return result
+
+
 def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     done = finished_run(run_dir, kept_dir, recipe)
     if done is not None:
-        return done
+        return test_at_points(args, run_dir, kept_dir, row, depth, seed, done)
     # an interrupted run with a checkpoint of the same recipe continues from it (fairseq seeds
     # every update with seed + update number and restores the data position: the same run as
     # an uninterrupted one, tested); anything else starts from scratch
@@ -362,6 +409,10 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
     if args.curve_interval:
         result["curve"] = learning_curve(run_dir, args, result["valid_bits"])
+        kept = interval_checkpoints(run_dir)
+        for update in args.test_at:  # a curve point: its checkpoint is there (checked above)
+            np.save(os.path.join(run_dir, f"test_blocks_{update}.npy"),
+                    score_blocks(kept[update], args.data, "test"))
     for name in os.listdir(run_dir):  # the checkpoints are not kept (tens of MB per run)
         if name.endswith(".pt") or name == STARTED:
             os.remove(os.path.join(run_dir, name))
@@ -375,15 +426,22 @@ def curve_points(updates, interval):
     return sorted({*range(interval, updates + 1, interval), updates})
 
 
-def learning_curve(run_dir, args, final_valid_bits):
-    """{"updates": [...], "valid_bits": [...]}: the full validation set scored (as the final
-    ``valid_bits``, by ``score_blocks``) with the checkpoint fairseq kept at every curve point
-    (``checkpoint_<epoch>_<updates>.pt``; the last point is the final model, already scored)."""
+def interval_checkpoints(run_dir):
+    """{update: path} of the interval checkpoints fairseq kept in a run's folder
+    (``checkpoint_<epoch>_<updates>.pt``)."""
     kept = {}
     for name in os.listdir(run_dir):
         parts = name[:-len(".pt")].split("_") if name.endswith(".pt") else []
         if len(parts) == 3 and parts[0] == "checkpoint" and parts[2].isdigit():
             kept[int(parts[2])] = os.path.join(run_dir, name)
+    return kept
+
+
+def learning_curve(run_dir, args, final_valid_bits):
+    """{"updates": [...], "valid_bits": [...]}: the full validation set scored (as the final
+    ``valid_bits``, by ``score_blocks``) with the checkpoint fairseq kept at every curve point
+    (``checkpoint_<epoch>_<updates>.pt``; the last point is the final model, already scored)."""
+    kept = interval_checkpoints(run_dir)
     points = curve_points(args.updates, args.curve_interval)
     bits = []
     for update in points:
@@ -792,32 +850,79 @@ def budget_lines(args, report):
     entry, lines = {"updates": [short["updates"], args.updates], "depths": {}}, []
     for depth, table in report["depths"].items():
         other = short["depths"].get(depth, {})
-        rows = [r for r in table if "vs_baseline" in table[r] and "vs_baseline" in other.get(r, {})]
-        if not rows:
-            continue
-        lines += [f"### {short['updates']} against {args.updates} updates, {depth} blocks", "",
-                  f"Δ test bits against the baseline after each budget (the {short['updates']}-"
-                  f"update runs: {args.shorter_report}), 95% intervals of the hierarchical "
-                  "bootstrap; moved: lower / higher when the two intervals are apart.", "",
-                  f"| row | Δ at {short['updates']} [95%] | Δ at {args.updates} [95%] | moved |",
-                  "|---|---:|---:|---|"]
-        moves = {}
-        for row in rows:
-            a, b = other[row]["vs_baseline"], table[row]["vs_baseline"]
-            moves[row] = change_between_budgets(a, b)
-            lines.append(f"| {row} | {a['difference']:+.4f} [{a['low']:+.4f}, {a['high']:+.4f}] "
-                         f"| {b['difference']:+.4f} [{b['low']:+.4f}, {b['high']:+.4f}] | "
-                         f"{moves[row]} |")
-        spearman = None
-        if len(rows) >= 3:
-            ranks = [np.argsort(np.argsort([t[r]["vs_baseline"]["difference"] for r in rows]))
-                     for t in (other, table)]
-            spearman = round(float(np.corrcoef(*ranks)[0, 1]), 3)
-            lines += ["", f"Spearman's rank correlation of the two budgets' rankings: "
-                      f"{spearman:+.2f} over {len(rows)} rows."]
-        entry["depths"][depth] = {"moved": moves, "spearman": spearman}
-        lines.append("")
+        tests = {r: (other[r]["vs_baseline"], table[r]["vs_baseline"]) for r in table
+                 if "vs_baseline" in table[r] and "vs_baseline" in other.get(r, {})}
+        if tests:
+            entry["depths"][depth], more = moves_table(
+                f"### {short['updates']} against {args.updates} updates, {depth} blocks",
+                f"Δ test bits against the baseline after each budget (the {short['updates']}-"
+                f"update runs: {args.shorter_report}), 95% intervals of the hierarchical "
+                "bootstrap; moved: lower / higher when the two intervals are apart.",
+                short["updates"], args.updates, tests)
+            lines += more
     return entry, lines
+
+
+def within_run_lines(args, report):
+    """``--test-at``: per point and depth, every row's difference from the baseline on the test
+    set at that point of the same runs (their ``test_blocks_<N>.npy``) beside the one at the
+    end, how it moved, and the rank correlation of the two rankings. A row is in only when every
+    converged seed of it and of the baseline has the point's scores (the same seeds at both
+    budgets). -> (JSON entry, markdown lines)."""
+    entry, lines = {}, []
+    for update in args.test_at:
+        for depth, table in report["depths"].items():
+            base = point_blocks(args, depth, BASELINE, table.get(BASELINE), update)
+            if base is None:
+                continue
+            tests = {}
+            for row, e in table.items():
+                own = point_blocks(args, depth, row, e, update) if "vs_baseline" in e else None
+                if own is not None:
+                    tests[row] = (paired_test(own, base), e["vs_baseline"])
+            if tests:
+                entry.setdefault(str(update), {})[depth], more = moves_table(
+                    f"### {update} against {args.updates} updates within the runs, {depth} blocks",
+                    f"Δ test bits against the baseline with each run's checkpoint at update "
+                    f"{update} (`--test-at`) and at the end: the same runs and seeds at both "
+                    "budgets; 95% intervals of the hierarchical bootstrap; moved: lower / higher "
+                    "when the two intervals are apart.", update, args.updates, tests)
+                lines += more
+    return entry, lines
+
+
+def point_blocks(args, depth, row, entry, update):
+    """The test blocks at ``update`` of each converged seed of a row (``entry``: its report
+    entry), or None when the row is not in the report or a seed has none."""
+    if entry is None:
+        return None
+    files = [os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}", f"test_blocks_{update}.npy")
+             for s in entry["seeds"] if s not in entry["diverged"]]
+    return [np.load(f) for f in files] if files and all(map(os.path.exists, files)) else None
+
+
+def moves_table(title, caption, short_updates, long_updates, tests):
+    """A row's difference from the baseline at two budgets, ``tests`` {row: (shorter budget's
+    ``vs_baseline`` test, longer budget's)}: the markdown table with how each moved, and
+    Spearman's rank correlation of the two rankings (three rows or more). -> ({moved,
+    spearman}, markdown lines)."""
+    lines = [title, "", caption, "",
+             f"| row | Δ at {short_updates} [95%] | Δ at {long_updates} [95%] | moved |",
+             "|---|---:|---:|---|"]
+    moves = {}
+    for row, (a, b) in tests.items():
+        moves[row] = change_between_budgets(a, b)
+        lines.append(f"| {row} | {a['difference']:+.4f} [{a['low']:+.4f}, {a['high']:+.4f}] "
+                     f"| {b['difference']:+.4f} [{b['low']:+.4f}, {b['high']:+.4f}] | "
+                     f"{moves[row]} |")
+    spearman = None
+    if len(tests) >= 3:
+        ranks = [np.argsort(np.argsort([t[k]["difference"] for t in tests.values()]))
+                 for k in (0, 1)]
+        spearman = round(float(np.corrcoef(*ranks)[0, 1]), 3)
+        lines += ["", f"Spearman's rank correlation of the two budgets' rankings: "
+                  f"{spearman:+.2f} over {len(tests)} rows."]
+    return {"moved": moves, "spearman": spearman}, lines + [""]
 
 
 def reproduction_lines(args, results):
@@ -932,6 +1037,13 @@ def main(argv=None):
                    help="the learning curve: the full validation set scored every N updates "
                         "(a multiple of --save-interval-updates), kept in each run's result; "
                         "0: none")
+    p.add_argument("--test-at", type=lambda t: parse_list(t, int), default=[],
+                   metavar="UPDATES",
+                   help="also score the test set with the checkpoints of these curve points "
+                        "(kept as test_blocks_<N>.npy; not part of the recipe): the report then "
+                        "sets each row's difference from the baseline at N beside the one at "
+                        "the end, within the same runs (e.g. 800: the shorter comparison's "
+                        "budget, at a depth it did not train)")
     p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="retain",
                    help="glibc's malloc settings for fairseq-train: retain (keep freed memory "
                         "for reuse instead of unmapping it: no page faults on every step; the "
@@ -1076,6 +1188,9 @@ def main(argv=None):
         extra += lines
     if args.shorter_runs:
         report["reproduction"], lines = reproduction_lines(args, results)
+        extra += lines
+    if args.test_at:
+        report["within_runs"], lines = within_run_lines(args, report)
         extra += lines
     table = "\n".join([table, *extra])
     figures_made = [(kind, d) for d in args.depths

@@ -13,6 +13,10 @@
 # row over the seeds it has; against the 800-update report and runs) is written to
 # results/lm_depth_comparison_8k_cpu.{json,md}: a stage's own tables (in OUT) hold only its
 # plan, so a restart of stage 1 would otherwise replace the committed report by the baselines'.
+# Stages 2 and 3 also score the test set at update 800 (--test-at 800: the 800-update
+# comparison's budget, within the same runs; a run finished without it trains its first 800
+# updates again, checked against its curve), so that the report compares the two budgets at
+# 8 blocks too, where the 800-update comparison has no table.
 #   [OUT=DIR] [DEEP=8|12] [ROWS=a,b] [JOBS=2] [WIKITEXT_FROM=DIR] bash scripts/experiments/lm_depth_long.sh
 #   bash scripts/experiments/lm_depth_long.sh report    # that report alone, training nothing
 # OUT (scratch: checkpoints, logs) defaults to ~/layerlab-runs/lm-depth-8k, outside the work
@@ -34,7 +38,7 @@ main() {
     }
     report() {
         compare --rows "$ROWS" --depths 4,8,12 --seeds 1,2,3 --report-only \
-            --results-name lm_depth_comparison_8k_cpu \
+            --results-name lm_depth_comparison_8k_cpu --test-at 800 \
             --shorter-report results/lm_depth_comparison_cpu.json \
             --shorter-runs results/lm_depth_runs
     }
@@ -50,9 +54,9 @@ main() {
     report_between
     DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
     echo "the deeper depth: $DEEP blocks" >&2
-    compare --rows "$ROWS" --depths 4 --seeds 1
+    compare --rows "$ROWS" --depths 4 --seeds 1 --test-at 800
     report_between
-    compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3
+    compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3 --test-at 800
     report
 }
 main "$@"
