@@ -581,3 +581,37 @@ def test_a_kept_run_of_another_recipe_is_an_error_not_a_result(tmp_path):
     assert not (tmp_path / "other").exists()
     # nothing kept and nothing finished: not a finished run
     assert comparison.finished_run(str(tmp_path / "new"), str(tmp_path / "none"), {}) is None
+
+
+def test_both_budgets_within_the_runs_are_tested_on_the_seeds_with_the_point(tmp_path):
+    """A seed whose scores at the point are missing (a recovery that did not match) leaves the
+    row tested on its other seeds at both budgets, and named with them."""
+    rng = np.random.default_rng(0)
+    blocks = {}
+    for row, shift in (("baseline", 0.0), ("a", -0.5)):
+        for seed in (1, 2, 3):
+            folder = tmp_path / "d2" / row / f"seed{seed}"
+            folder.mkdir(parents=True)
+            for name, extra in (("test_blocks.npy", 0.0), ("test_blocks_4.npy", 1.0)):
+                b = np.stack([rng.uniform(40, 60, 50) + 10 * (shift + extra),
+                              np.full(50, 10.0)], axis=1)
+                np.save(folder / name, b)
+                blocks[(row, seed, name)] = b
+    os.remove(tmp_path / "d2" / "a" / "seed2" / "test_blocks_4.npy")
+    args = type("Args", (), {"test_at": [4], "updates": 8, "out_dir": str(tmp_path)})
+    entry = {"seeds": [1, 2, 3], "diverged": []}
+    report = {"depths": {"2": {"baseline": dict(entry), "a": dict(entry, vs_baseline={})}}}
+    within, lines = comparison.within_run_lines(args, report)
+    assert list(within["4"]["2"]["moved"]) == ["a (seeds 1,3)"]
+    expected = [comparison.paired_test(
+        [blocks[("a", s, name)] for s in (1, 3)],
+        [blocks[("baseline", s, name)] for s in (1, 2, 3)])
+        for name in ("test_blocks_4.npy", "test_blocks.npy")]
+    row = next(line for line in lines if line.startswith("| a (seeds 1,3) |"))
+    assert row.startswith(f"| a (seeds 1,3) | {expected[0]['difference']:+.4f} [")
+    assert f"| {expected[1]['difference']:+.4f} [" in row
+    assert "(the baseline's: 1,2,3)" in "\n".join(lines)
+    # without the baseline's scores at the point nothing is compared
+    for seed in (1, 2, 3):
+        os.remove(tmp_path / "d2" / "baseline" / f"seed{seed}" / "test_blocks_4.npy")
+    assert comparison.within_run_lines(args, report) == ({}, [])

@@ -866,39 +866,55 @@ def budget_lines(args, report):
 def within_run_lines(args, report):
     """``--test-at``: per point and depth, every row's difference from the baseline on the test
     set at that point of the same runs (their ``test_blocks_<N>.npy``) beside the one at the
-    end, how it moved, and the rank correlation of the two rankings. A row is in only when every
-    converged seed of it and of the baseline has the point's scores (the same seeds at both
-    budgets). -> (JSON entry, markdown lines)."""
+    end, how it moved, and the rank correlation of the two rankings. Both budgets are tested on
+    the same seeds: the converged ones that have the point's scores (a row with fewer than its
+    table's seeds is named with them: a finished run whose point could not be recovered).
+    -> (JSON entry, markdown lines)."""
     entry, lines = {}, []
     for update in args.test_at:
         for depth, table in report["depths"].items():
-            base = point_blocks(args, depth, BASELINE, table.get(BASELINE), update)
-            if base is None:
+            base = point_seeds(args, depth, BASELINE, table.get(BASELINE), update)
+            if not base:
                 continue
             tests = {}
             for row, e in table.items():
-                own = point_blocks(args, depth, row, e, update) if "vs_baseline" in e else None
-                if own is not None:
-                    tests[row] = (paired_test(own, base), e["vs_baseline"])
+                own = point_seeds(args, depth, row, e, update) if "vs_baseline" in e else []
+                if not own:
+                    continue
+                label = row if len(own) == len(converged_seeds(e)) else (
+                    f"{row} (seeds {','.join(map(str, own))})")
+                tests[label] = (paired_test(*blocks_of(args, depth, row, own, base, update)),
+                                paired_test(*blocks_of(args, depth, row, own, base, None)))
             if tests:
                 entry.setdefault(str(update), {})[depth], more = moves_table(
                     f"### {update} against {args.updates} updates within the runs, {depth} blocks",
                     f"Δ test bits against the baseline with each run's checkpoint at update "
                     f"{update} (`--test-at`) and at the end: the same runs and seeds at both "
-                    "budgets; 95% intervals of the hierarchical bootstrap; moved: lower / higher "
-                    "when the two intervals are apart.", update, args.updates, tests)
+                    f"budgets (the baseline's: {','.join(map(str, base))}); 95% intervals of the "
+                    "hierarchical bootstrap; moved: lower / higher when the two intervals are "
+                    "apart.", update, args.updates, tests)
                 lines += more
     return entry, lines
 
 
-def point_blocks(args, depth, row, entry, update):
-    """The test blocks at ``update`` of each converged seed of a row (``entry``: its report
-    entry), or None when the row is not in the report or a seed has none."""
+def converged_seeds(entry):
+    return [s for s in entry["seeds"] if s not in entry["diverged"]]
+
+
+def point_seeds(args, depth, row, entry, update):
+    """The converged seeds of a row (``entry``: its report entry, None when not in the report)
+    that have test blocks at ``update``."""
     if entry is None:
-        return None
-    files = [os.path.join(args.out_dir, f"d{depth}", row, f"seed{s}", f"test_blocks_{update}.npy")
-             for s in entry["seeds"] if s not in entry["diverged"]]
-    return [np.load(f) for f in files] if files and all(map(os.path.exists, files)) else None
+        return []
+    return [s for s in converged_seeds(entry) if os.path.exists(os.path.join(
+        args.out_dir, f"d{depth}", row, f"seed{s}", f"test_blocks_{update}.npy"))]
+
+
+def blocks_of(args, depth, row, seeds, base_seeds, update):
+    """(the row's per-seed test blocks, the baseline's) at ``update`` (None: at the end)."""
+    name = f"test_blocks_{update}.npy" if update is not None else "test_blocks.npy"
+    return tuple([np.load(os.path.join(args.out_dir, f"d{depth}", r, f"seed{s}", name))
+                  for s in seeds] for r, seeds in ((row, seeds), (BASELINE, base_seeds)))
 
 
 def moves_table(title, caption, short_updates, long_updates, tests):
