@@ -322,6 +322,10 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     assert not (dwa_run / "test_blocks_4.npy").exists() and not (dwa_run / "at4").exists()
     assert "not the same model" in err and "dwa at 2 blocks, seed 1 stays out" in err
     assert json.loads((tmp_path / "long" / "results.json").read_text())["within_runs"] == {}
+    # and it is not trained again at the next start
+    assert comparison.main([*longer, "--keep-runs", str(tmp_path / "kept")]) == 0
+    assert "training 4 updates again" not in capsys.readouterr().err
+    assert not (dwa_run / "test_blocks_4.npy").exists()
     (dwa_run / "result.json").write_text(json.dumps(dwa))
     # --test-at a point that is not one of the curve's, or its end: refused in one line
     for bad in ("3", "8"):

@@ -301,12 +301,15 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
     (the same flags but --max-update, seed and threads; the schedule does not depend on
     --max-update, so it is the long run's first updates) into a scratch folder, kept only when
     its validation bits are the run's curve point there (to the curve's 5 decimals), else
-    reported and left out. -> the run's result (unchanged: the blocks are files beside it)."""
+    reported, left out and not tried again (``test_blocks_<N>.mismatch.json`` in the run's
+    folder). -> the run's result (unchanged: the blocks are files beside it)."""
     if result.get("diverged") or not result.get("curve"):
         return result
     for update in args.test_at:
         name = f"test_blocks_{update}.npy"
-        if os.path.exists(os.path.join(run_dir, name)):
+        # a recovery that gave another model is not tried again at every restart
+        mismatch = os.path.join(run_dir, f"test_blocks_{update}.mismatch.json")
+        if os.path.exists(os.path.join(run_dir, name)) or os.path.exists(mismatch):
             continue
         print(f"  {row} at {depth} blocks, seed {seed}: training {update} updates again for "
               f"{name}", file=sys.stderr, flush=True)
@@ -326,6 +329,8 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
             if kept_dir:
                 shutil.copyfile(os.path.join(run_dir, name), os.path.join(kept_dir, name))
         else:
+            runs.write_json(mismatch, {"valid_bits": bits, "curve_valid_bits": expected,
+                                       "code": runs.package_version()})
             print(f"  not the same model: {bits} validation bits at update {update}, the run's "
                   f"curve has {expected} (other code or threads?): {row} at {depth} blocks, "
                   f"seed {seed} stays out of the table at {update}", file=sys.stderr, flush=True)
