@@ -325,8 +325,9 @@ def markdown_table(report):
              "allocations apart; saved for backward: the bytes per token one training forward "
              "pass keeps for its backward (parameters apart; context 16, batch 2, on the "
              "bench's device), and their ratio to the plain model's; kernel share: the system "
-             "part of the process's CPU time in the timed steps (page faults, mostly; empty where those steps took under "
-             f"{common.MIN_TICKS_FOR_SHARE} clock ticks of CPU time, and in reports made before "
+             "part of the process's CPU time in the timed steps (page faults, mostly; empty "
+             f"where those steps took under {common.MIN_TICKS_FOR_SHARE} clock ticks of CPU "
+             "time, and in reports made before "
              "the bench counted them). "
              "Allocator settings: "
              + (", ".join(f"{k}={v}" for k, v in report.get("allocator_env", {}).items())
