@@ -19,8 +19,10 @@ The table, experiment and quickstart scripts, the documented commands and the in
 distributed tests still start their commands as real processes.
 
 Protocol: one JSON request per line on stdin (``argv``, ``cwd``, ``env``, ``stdin``, ``stdout``,
-``stderr``: paths; ``script``: true to run ``argv[0]`` as ``python argv[0]`` would), one line
-with the child's exit status on stdout.
+``stderr``: paths; ``script``: true to run ``argv[0]`` as ``python argv[0]`` would); on stdout one
+line with the child's pid as soon as it is forked (so that the caller can kill a command that
+hangs), then one line with its exit status. One command at a time per zygote: commands that must
+run side by side (the ranks of a distributed run) go to different zygotes.
 """
 import json
 import logging
@@ -39,6 +41,9 @@ def run_child(request):
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if "OMP_NUM_THREADS" in os.environ:  # a fresh interpreter's torch takes it at start
+            import torch
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),
                                            (request["stdout"], written),
@@ -99,6 +104,8 @@ def main():
         pid = os.fork()
         if pid == 0:
             run_child(request)
+        replies.write(f"{pid}\n".encode())
+        replies.flush()
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         replies.write(f"{code}\n".encode())

@@ -1,6 +1,8 @@
 """Shared fixtures: real CLIs run with the venv's executables and no torch.load override."""
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,46 +39,105 @@ def cli_env():
     return env
 
 
-class _Zygote:
-    """This test process's ``cli_zygote.py`` (started at the first command): it forks a child per
-    fairseq command instead of a new interpreter importing torch and fairseq again."""
-    proc = None
+def _read_line(fd, timeout=None):
+    """One line from a pipe, read a byte at a time (a buffered reader could take the next line
+    too, which select() would then not see); None if nothing came within ``timeout`` s."""
+    line = b""
+    while not line.endswith(b"\n"):
+        if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+            return None
+        byte = os.read(fd, 1)
+        assert byte, "tests/cli_zygote.py ended (see its stderr above)"
+        line += byte
+    return line
 
-    @classmethod
-    def run(cls, argv, stdin, cwd, script=False, env=None):
-        if cls.proc is None or cls.proc.poll() is not None:
-            cls.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "cli_zygote.py")],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        env=cli_env())
-        with tempfile.TemporaryDirectory() as tmp:
-            paths = {key: os.path.join(tmp, key) for key in ("stdin", "stdout", "stderr")}
-            with open(paths["stdin"], "w") as f:  # the child writes the other two
-                f.write(stdin or "")
-            request = dict(paths, argv=[str(a) for a in argv], cwd=str(cwd or os.getcwd()),
-                           env=env or cli_env(), script=script)
-            cls.proc.stdin.write((json.dumps(request) + "\n").encode())
-            cls.proc.stdin.flush()
-            reply = cls.proc.stdout.readline()
-            assert reply, "tests/cli_zygote.py ended (see its stderr above)"
-            out, err = (open(paths[key], encoding="utf-8", errors="replace").read()
-                        for key in ("stdout", "stderr"))
-        return subprocess.CompletedProcess(argv, int(reply), out, err)
+
+class _Zygote:
+    """One ``cli_zygote.py`` of this test process (started at its first command): it forks a
+    child per fairseq command instead of a new interpreter importing torch and fairseq again. A
+    zygote runs one command at a time: commands side by side go to different zygotes
+    (``ZYGOTES``)."""
+
+    def __init__(self):
+        self.proc = self.running = None
+
+    def start(self, argv, stdin, cwd, script=False, env=None):
+        """Start the command; returns the ``_Command`` to ``wait()`` for. A command of this
+        zygote's that nobody waited for (its test failed first) is killed."""
+        if self.running is not None:
+            try:
+                self.running.wait(timeout=0)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "cli_zygote.py")],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         env=cli_env())
+        tmp = tempfile.TemporaryDirectory()
+        paths = {key: os.path.join(tmp.name, key) for key in ("stdin", "stdout", "stderr")}
+        with open(paths["stdin"], "w") as f:  # the child writes the other two
+            f.write(stdin or "")
+        request = dict(paths, argv=[str(a) for a in argv], cwd=str(cwd or os.getcwd()),
+                       env=env or cli_env(), script=script)
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = int(_read_line(self.proc.stdout.fileno()))
+        self.running = _Command(self, argv, pid, tmp, paths)
+        return self.running
+
+    def run(self, argv, stdin, cwd, script=False, env=None):
+        return self.start(argv, stdin, cwd, script, env).wait()
+
+
+class _Command:
+    """A command running in a child of a zygote (``_Zygote.start``)."""
+
+    def __init__(self, zygote, argv, pid, tmp, paths):
+        self.zygote, self.argv, self.pid, self.tmp, self.paths = zygote, argv, pid, tmp, paths
+
+    def wait(self, timeout=None):
+        """Its CompletedProcess (text stdout and stderr); past ``timeout`` s the child is killed
+        and subprocess.TimeoutExpired raised, as ``Popen.communicate`` does."""
+        fd = self.zygote.proc.stdout.fileno()
+        reply = _read_line(fd, timeout)
+        self.zygote.running = None
+        if reply is None:
+            # not reaped before its status line is written: the pid is still the child's
+            os.kill(self.pid, signal.SIGKILL)
+            _read_line(fd)  # its status: the zygote is ready for the next command
+            self.tmp.cleanup()
+            raise subprocess.TimeoutExpired(self.argv, timeout)
+        out, err = (open(self.paths[key], encoding="utf-8", errors="replace").read()
+                    for key in ("stdout", "stderr"))
+        self.tmp.cleanup()
+        return subprocess.CompletedProcess(self.argv, int(reply), out, err)
+
+
+ZYGOTES = (_Zygote(), _Zygote())
 
 
 def run_cli(name, *args, stdin=None, cwd=None, check=True):
     """Run a fairseq console script (its entry point in a child of ``cli_zygote.py``: see there
     what is and is not as in a fresh interpreter); return stdout + stderr (asserting success if
     ``check``), or the CompletedProcess if not."""
-    proc = _Zygote.run([os.path.join(BIN, name), *map(str, args)], stdin, cwd)
+    proc = ZYGOTES[0].run([os.path.join(BIN, name), *map(str, args)], stdin, cwd)
     if check:
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr if check else proc
 
 
+def start_cli(name, *args, zygote=0, env=None):
+    """Start a fairseq console script in a child of ``ZYGOTES[zygote]`` and return at once (the
+    ``_Command``: ``.wait(timeout)`` gives its CompletedProcess). For commands that run side by
+    side: each on its own zygote, which is busy until it is waited for."""
+    return ZYGOTES[zygote].start([os.path.join(BIN, name), *map(str, args)], None, None,
+                                 env=env)
+
+
 def run_script(path, *args, stdin=None, cwd=None, env=None):
     """``python PATH ARGS`` (one of this repository's scripts) in a child of ``cli_zygote.py``:
     the CompletedProcess (text stdout and stderr)."""
-    return _Zygote.run([path, *args], stdin, cwd, script=True, env=env)
+    return ZYGOTES[0].run([path, *args], stdin, cwd, script=True, env=env)
 
 
 @pytest.fixture(scope="session")

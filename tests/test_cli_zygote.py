@@ -1,11 +1,14 @@
 """tests/cli_zygote.py, which runs the tests' fairseq commands and scripts in forked children:
 each child starts as a fresh interpreter would (no plugin loaded, no logging configured, the
 script's folder first on sys.path, the given cwd, environment and stdin) and ends with the
-command's exit status, its output flushed and its atexit functions run."""
+command's exit status, its output flushed and its atexit functions run; two zygotes run
+commands side by side, and a command past its timeout is killed."""
 import json
 import os
+import subprocess
 
-from conftest import cli_env, run_cli, run_script
+import pytest
+from conftest import ZYGOTES, cli_env, run_cli, run_script
 from helpers import PLUGIN_DIR
 
 PROBE = '''
@@ -56,3 +59,33 @@ def test_fairseq_commands_run_their_console_script_entry_points(tmp_path):
     proc = run_cli("fairseq-train", "--arch", "fusion_transformer_tiny", check=False)
     assert proc.returncode == 2
     assert "invalid choice: 'fusion_transformer_tiny'" in proc.stderr
+
+
+def test_commands_on_two_zygotes_run_side_by_side_and_a_hung_one_is_killed(tmp_path):
+    # each script waits for the file the other writes: they finish only if they run together
+    script = tmp_path / "meet.py"
+    script.write_text("import os, sys, time\n"
+                      "open(sys.argv[1], 'w').close()\n"
+                      "for _ in range(600):\n"
+                      "    if os.path.exists(sys.argv[2]): sys.exit(0)\n"
+                      "    time.sleep(0.05)\n"
+                      "sys.exit(4)\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    runs = [ZYGOTES[0].start([script, a, b], None, tmp_path, script=True),
+            ZYGOTES[1].start([script, b, a], None, tmp_path, script=True)]
+    assert [run.wait(timeout=60).returncode for run in runs] == [0, 0]
+    # a command past its timeout is killed, and its zygote runs the next one
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\ntime.sleep(600)\n")
+    run = ZYGOTES[1].start([hang], None, tmp_path, script=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        run.wait(timeout=1)
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(run.pid, 0)
+    # one nobody waited for is killed when its zygote is given the next command
+    forgotten = ZYGOTES[1].start([hang], None, tmp_path, script=True)
+    proc = ZYGOTES[1].run([script, a, b], None, tmp_path, script=True)
+    assert proc.returncode == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(forgotten.pid, 0)
+    assert ZYGOTES[1].running is None

@@ -5,13 +5,11 @@ connection (parameters a step may leave unused
 and state handed between blocks are where DDP fails or silently differs), and a 2-process run
 resumes from its checkpoint (the loaded state is broadcast with torch.save / torch.load, which
 the compatibility layer's allow-list must cover)."""
-import os
 import socket
-import subprocess
 
 import pytest
 import torch
-from conftest import BIN, cli_env
+from conftest import run_cli, start_cli
 from helpers import PLUGIN_DIR
 
 
@@ -41,26 +39,23 @@ def _common(data, arch, save_dir, updates, flags=()):
 
 
 def _train_single(data, arch, save_dir, updates, flags=()):
-    proc = subprocess.run([os.path.join(BIN, "fairseq-train"),
-                           *_common(data, arch, save_dir, updates, flags), "--update-freq", "2"],
-                          capture_output=True, text=True, env=cli_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+    return run_cli("fairseq-train", *_common(data, arch, save_dir, updates, flags),
+                   "--update-freq", "2")
 
 
 def _train_two_processes(data, arch, save_dir, updates, flags=()):
+    """The two ranks side by side, each in a child of its own zygote (conftest.start_cli)."""
     port = _free_port()
-    procs = [subprocess.Popen(
-        [os.path.join(BIN, "fairseq-train"), *_common(data, arch, save_dir, updates, flags),
-         "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
-         "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-world-size",
-         "2", "--distributed-rank", str(rank), "--distributed-no-spawn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
-        for rank in (0, 1)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-3000:]
-    return outputs[0]
+    ranks = [start_cli("fairseq-train", *_common(data, arch, save_dir, updates, flags),
+                       "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
+                       "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                       "--distributed-world-size", "2", "--distributed-rank", rank,
+                       "--distributed-no-spawn", zygote=rank)
+             for rank in (0, 1)]
+    procs = [rank.wait(timeout=300) for rank in ranks]
+    for p in procs:
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return procs[0].stdout + procs[0].stderr
 
 
 def _max_param_diff(a, b):

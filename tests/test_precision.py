@@ -4,8 +4,6 @@ custom autograd functions are autocast-aware; the CPU-tuned (padded) paths run o
 were measured and equal the plain ones. The CPU stands in for the GPU here: the same dtypes and
 autocast rules, other kernels."""
 import math
-import os
-import subprocess
 
 import pytest
 import torch
@@ -288,22 +286,21 @@ def scan_joined(scan_bin, tmp_path_factory):
 
 def _train_both(data, root, train_flags):
     """(float32 log, half log) of the same 12 updates from the same seed: the two fairseq-train
-    runs side by side (one thread each; the results do not depend on it)."""
-    from conftest import BIN, cli_env
+    runs side by side, each in a child of its own zygote (one thread each; the results do not
+    depend on it)."""
+    from conftest import cli_env, start_cli
     from helpers import PLUGIN_DIR
 
     env = dict(cli_env(), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(
-        [os.path.join(BIN, "fairseq-train"), str(data), "--user-dir", PLUGIN_DIR,
-         *map(str, train_flags), "--optimizer", "adam", "--lr", "3e-3", "--max-update", "12",
-         "--save-dir", str(root / name), "--no-epoch-checkpoints", "--num-workers", "0",
-         "--seed", "1", "--log-format", "simple", *precision], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env=env)
-        for name, precision in (("float32", ["--cpu"]), ("half", HALF))]
-    logs = [proc.communicate()[0] for proc in procs]
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, log[-3000:]
-    return logs
+    runs = [start_cli("fairseq-train", data, "--user-dir", PLUGIN_DIR, *train_flags,
+                      "--optimizer", "adam", "--lr", "3e-3", "--max-update", "12",
+                      "--save-dir", root / name, "--no-epoch-checkpoints", "--num-workers", "0",
+                      "--seed", "1", "--log-format", "simple", *precision, zygote=i, env=env)
+            for i, (name, precision) in enumerate((("float32", ["--cpu"]), ("half", HALF)))]
+    procs = [run.wait() for run in runs]
+    for proc in procs:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return [proc.stdout + proc.stderr for proc in procs]
 
 
 @pytest.mark.parametrize("family", sorted(CLI_SEQ2SEQ) + sorted(CLI_LMS))
