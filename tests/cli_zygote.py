@@ -15,8 +15,8 @@ and stderr, as the script would in a fresh interpreter:
 - at exit the child waits for its threads and runs the ``atexit`` functions (TensorBoard's
   writers flush there), then exits with the command's status.
 
-The table, experiment and quickstart scripts, the documented commands and the interruption and
-distributed tests still start their commands as real processes.
+The table, experiment and quickstart scripts, the documented commands and the interruption tests
+still start their commands as real processes.
 
 Protocol: one JSON request per line on stdin (``argv``, ``cwd``, ``env``, ``stdin``, ``stdout``,
 ``stderr``: paths; ``script``: true to run ``argv[0]`` as ``python argv[0]`` would); on stdout one
