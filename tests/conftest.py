@@ -105,11 +105,12 @@ class _Command:
             # not reaped before its status line is written: the pid is still the child's
             os.kill(self.pid, signal.SIGKILL)
             _read_line(fd)  # its status: the zygote is ready for the next command
-            self.tmp.cleanup()
-            raise subprocess.TimeoutExpired(self.argv, timeout)
+        # (a child killed at once may not have opened them)
         out, err = (open(self.paths[key], encoding="utf-8", errors="replace").read()
-                    for key in ("stdout", "stderr"))
+                    if os.path.exists(self.paths[key]) else "" for key in ("stdout", "stderr"))
         self.tmp.cleanup()
+        if reply is None:  # what it wrote before, for the failure's message
+            raise subprocess.TimeoutExpired(self.argv, timeout, output=out, stderr=err)
         return subprocess.CompletedProcess(self.argv, int(reply), out, err)
 
 

@@ -76,10 +76,11 @@ def test_commands_on_two_zygotes_run_side_by_side_and_a_hung_one_is_killed(tmp_p
     assert [run.wait(timeout=60).returncode for run in runs] == [0, 0]
     # a command past its timeout is killed, and its zygote runs the next one
     hang = tmp_path / "hang.py"
-    hang.write_text("import time\ntime.sleep(600)\n")
+    hang.write_text("import time\nprint('waiting', flush=True)\ntime.sleep(600)\n")
     run = ZYGOTES[1].start([hang], None, tmp_path, script=True)
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as info:
         run.wait(timeout=1)
+    assert info.value.output == "waiting\n"  # what it wrote before
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(run.pid, 0)
     # one nobody waited for is killed when its zygote is given the next command

@@ -6,6 +6,7 @@ and state handed between blocks are where DDP fails or silently differs), and a 
 resumes from its checkpoint (the loaded state is broadcast with torch.save / torch.load, which
 the compatibility layer's allow-list must cover)."""
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -52,10 +53,17 @@ def _train_two_processes(data, arch, save_dir, updates, flags=()):
                        "--distributed-world-size", "2", "--distributed-rank", rank,
                        "--distributed-no-spawn", zygote=rank)
              for rank in (0, 1)]
-    procs = [rank.wait(timeout=300) for rank in ranks]
-    for p in procs:
-        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    return procs[0].stdout + procs[0].stderr
+    outputs, failed = [], False
+    for rank in ranks:  # one that hangs (its peer failed) is killed: both outputs are shown
+        try:
+            proc = rank.wait(timeout=300)
+            outputs.append(proc.stdout + proc.stderr)
+            failed |= proc.returncode != 0
+        except subprocess.TimeoutExpired as e:
+            outputs.append(f"(killed after {e.timeout} s)\n{e.output}{e.stderr}")
+            failed = True
+    assert not failed, "\n".join(f"rank {i}:\n{out[-3000:]}" for i, out in enumerate(outputs))
+    return outputs[0]
 
 
 def _max_param_diff(a, b):
