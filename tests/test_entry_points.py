@@ -3,6 +3,7 @@ conversion to a config) and ``fairseq-hydra-train`` (a hydra config, merged with
 dataclass), for every architecture of the package; and a bad option is one clear error naming it
 under both, before anything is built (docs/hydra.md)."""
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -76,17 +77,26 @@ def make_task(args):
     return tasks.get_task("translation")(args, joined, joined)
 
 
+@functools.lru_cache(maxsize=None)
+def _fairseq_root():
+    """fairseq-hydra-train's schema (the structured FairseqConfig), not in struct mode. Made once
+    (~50 ms each): hydra_model_config replaces its task, criterion and model nodes, the only ones
+    it or add_defaults writes, at every call."""
+    from fairseq.dataclass.configs import FairseqConfig
+
+    root = OmegaConf.structured(FairseqConfig)
+    OmegaConf.set_struct(root, False)
+    return root
+
+
 def hydra_model_config(arch, values, merged=True, task_values=None):
     """cfg.model as fairseq-hydra-train hands it to the task: the user's model node, merged with
     the registered dataclasses by add_defaults (fairseq-train's main calls it once the plugin is
     imported), resolved and made a plain struct config. ``merged=False``: the raw node (the
     model's build_model must not depend on the merge). ``task_values``: the task node's
     settings beyond its name and data."""
-    from fairseq.dataclass.configs import FairseqConfig
-
     model = ARCH_MODEL_NAME_REGISTRY[arch]
-    root = OmegaConf.structured(FairseqConfig)  # fairseq-hydra-train's schema
-    OmegaConf.set_struct(root, False)
+    root = _fairseq_root()
     root.task = {"_name": "language_modeling" if model in LMS else "translation",
                  "data": "/nonexistent-data", **(task_values or {})}
     root.criterion = LM_CRITERION.get(arch, {"_name": "cross_entropy"})
