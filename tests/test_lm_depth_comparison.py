@@ -321,11 +321,20 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
                                       / "test_blocks.npy"))
     assert not (dwa_run / "test_blocks_4.npy").exists() and not (dwa_run / "at4").exists()
     assert "not the same model" in err and "dwa at 2 blocks, seed 1 stays out" in err
-    assert json.loads((tmp_path / "long" / "results.json").read_text())["within_runs"] == {}
-    # and it is not trained again at the next start
+    # named under its depth's section, not silently absent
+    assert json.loads((tmp_path / "long" / "results.json").read_text())["within_runs"] == {
+        "4": {"2": {"missing": ["dwa"]}}}
+    table = (tmp_path / "long" / "results.md").read_text().split("within the runs, 2 blocks")[1]
+    assert "Not here, no run of theirs having test scores at update 4" in table
+    assert "`test_blocks_4.mismatch.json` in the run's folder): dwa." in table
+    # and it is not trained again at the next start, nor in a fresh clone (the record is kept)
     assert comparison.main([*longer, "--keep-runs", str(tmp_path / "kept")]) == 0
     assert "training 4 updates again" not in capsys.readouterr().err
     assert not (dwa_run / "test_blocks_4.npy").exists()
+    shutil.rmtree(dwa_run)
+    assert comparison.main([*longer, "--keep-runs", str(tmp_path / "kept")]) == 0
+    assert "training 4 updates again" not in capsys.readouterr().err
+    assert (dwa_run / "test_blocks_4.mismatch.json").exists()
     (dwa_run / "result.json").write_text(json.dumps(dwa))
     # --test-at a point that is not one of the curve's, or its end: refused in one line
     for bad in ("3", "8"):

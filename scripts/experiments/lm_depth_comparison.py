@@ -100,7 +100,8 @@ BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
 VERDICT_SEEDS = 3
 # what --keep-runs keeps of a finished run: all that the report and the figures read
 KEPT_FILES = ("result.json", "test_blocks.npy", os.path.join("analysis", "analysis.json"))
-TEST_AT = re.compile(r"test_blocks_(\d+)\.npy")  # the test blocks at a curve point (--test-at)
+# the test blocks at a curve point (--test-at), or the record that they could not be recovered
+TEST_AT = re.compile(r"test_blocks_(\d+)\.(npy|mismatch\.json)")
 STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must match)
 # the CPU seconds of each fairseq-train process of a run so far (a resumed run has several);
 # null for a process that did not end normally (killed: its time is unknown), and no file for a
@@ -302,7 +303,7 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
     --max-update, so it is the long run's first updates) into a scratch folder, kept only when
     its validation bits are the run's curve point there (to the curve's 5 decimals), else
     reported, left out and not tried again (``test_blocks_<N>.mismatch.json`` in the run's
-    folder). -> the run's result (unchanged: the blocks are files beside it)."""
+    folder and the kept one). -> the run's result (unchanged: the blocks are files beside it)."""
     if result.get("diverged") or not result.get("curve"):
         return result
     for update in args.test_at:
@@ -331,6 +332,8 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
         else:
             runs.write_json(mismatch, {"valid_bits": bits, "curve_valid_bits": expected,
                                        "code": runs.package_version()})
+            if kept_dir:  # kept with the run: a fresh clone does not try again either
+                shutil.copyfile(mismatch, os.path.join(kept_dir, os.path.basename(mismatch)))
             print(f"  not the same model: {bits} validation bits at update {update}, the run's "
                   f"curve has {expected} (other code or threads?): {row} at {depth} blocks, "
                   f"seed {seed} stays out of the table at {update}", file=sys.stderr, flush=True)
@@ -872,8 +875,9 @@ def within_run_lines(args, report):
     """``--test-at``: per point and depth, every row's difference from the baseline on the test
     set at that point of the same runs (their ``test_blocks_<N>.npy``) beside the one at the
     end, how it moved, and the rank correlation of the two rankings. Both budgets are tested on
-    the same seeds: the converged ones that have the point's scores (a row with fewer than its
-    table's seeds is named with them: a finished run whose point could not be recovered).
+    the same seeds: the converged ones that have the point's scores (finished runs whose point
+    could not be recovered lack them): a row with fewer than its table's seeds is named with
+    them, a row with none is listed under the table (``missing``), never silently absent.
     -> (JSON entry, markdown lines)."""
     entry, lines = {}, []
     for update in args.test_at:
@@ -881,24 +885,38 @@ def within_run_lines(args, report):
             base = point_seeds(args, depth, BASELINE, table.get(BASELINE), update)
             if not base:
                 continue
-            tests = {}
+            tests, missing = {}, []
             for row, e in table.items():
-                own = point_seeds(args, depth, row, e, update) if "vs_baseline" in e else []
+                if "vs_baseline" not in e:
+                    continue
+                own = point_seeds(args, depth, row, e, update)
                 if not own:
+                    missing.append(row)
                     continue
                 label = row if len(own) == len(converged_seeds(e)) else (
                     f"{row} (seeds {','.join(map(str, own))})")
                 tests[label] = (paired_test(*blocks_of(args, depth, row, own, base, update)),
                                 paired_test(*blocks_of(args, depth, row, own, base, None)))
+            if not tests and not missing:
+                continue
+            title = f"### {update} against {args.updates} updates within the runs, {depth} blocks"
             if tests:
-                entry.setdefault(str(update), {})[depth], more = moves_table(
-                    f"### {update} against {args.updates} updates within the runs, {depth} blocks",
-                    f"Δ test bits against the baseline with each run's checkpoint at update "
-                    f"{update} (`--test-at`) and at the end: the same runs and seeds at both "
-                    f"budgets (the baseline's: {','.join(map(str, base))}); 95% intervals of the "
-                    "hierarchical bootstrap; moved: lower / higher when the two intervals are "
-                    "apart.", update, args.updates, tests)
-                lines += more
+                table_entry, more = moves_table(
+                    title, f"Δ test bits against the baseline with each run's checkpoint at "
+                    f"update {update} (`--test-at`) and at the end: the same runs and seeds at "
+                    f"both budgets (the baseline's: {','.join(map(str, base))}); 95% intervals "
+                    "of the hierarchical bootstrap; moved: lower / higher when the two intervals "
+                    "are apart.", update, args.updates, tests)
+            else:
+                table_entry, more = {}, [title, ""]
+            if missing:
+                table_entry["missing"] = missing
+                more += [f"Not here, no run of theirs having test scores at update {update} "
+                         "(runs that finished before `--test-at` and whose recovery did not give "
+                         f"the curve point's model: `test_blocks_{update}.mismatch.json` in the "
+                         f"run's folder): {', '.join(missing)}.", ""]
+            entry.setdefault(str(update), {})[depth] = table_entry
+            lines += more
     return entry, lines
 
 
