@@ -47,16 +47,16 @@ def _train_single(data, arch, save_dir, updates, flags=()):
 def _train_two_processes(data, arch, save_dir, updates, flags=()):
     """The two ranks side by side, each in a child of its own zygote (conftest.start_cli)."""
     port = _free_port()
-    ranks = [start_cli("fairseq-train", *_common(data, arch, save_dir, updates, flags),
-                       "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
-                       "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-                       "--distributed-world-size", "2", "--distributed-rank", rank,
-                       "--distributed-no-spawn", zygote=rank)
-             for rank in (0, 1)]
+    commands = [start_cli("fairseq-train", *_common(data, arch, save_dir, updates, flags),
+                          "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
+                          "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                          "--distributed-world-size", "2", "--distributed-rank", rank,
+                          "--distributed-no-spawn", zygote=rank)
+                for rank in (0, 1)]
     outputs, failed = [], False
-    for rank in ranks:  # one that hangs (its peer failed) is killed: both outputs are shown
+    for command in commands:  # one that hangs (its peer failed) is killed: both outputs shown
         try:
-            proc = rank.wait(timeout=300)
+            proc = command.wait(timeout=300)
             outputs.append(proc.stdout + proc.stderr)
             failed |= proc.returncode != 0
         except subprocess.TimeoutExpired as e:

@@ -326,17 +326,17 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
         bits = round(significance.score("bits", score_blocks(checkpoint, args.data, "valid")), 5)
         expected = result["curve"]["valid_bits"][result["curve"]["updates"].index(update)]
         if bits == expected:
-            np.save(os.path.join(run_dir, name), score_blocks(checkpoint, args.data, "test"))
-            if kept_dir:
-                shutil.copyfile(os.path.join(run_dir, name), os.path.join(kept_dir, name))
+            written = os.path.join(run_dir, name)
+            np.save(written, score_blocks(checkpoint, args.data, "test"))
         else:
+            written = mismatch
             runs.write_json(mismatch, {"valid_bits": bits, "curve_valid_bits": expected,
                                        "code": runs.package_version()})
-            if kept_dir:  # kept with the run: a fresh clone does not try again either
-                shutil.copyfile(mismatch, os.path.join(kept_dir, os.path.basename(mismatch)))
             print(f"  not the same model: {bits} validation bits at update {update}, the run's "
                   f"curve has {expected} (other code or threads?): {row} at {depth} blocks, "
                   f"seed {seed} stays out of the table at {update}", file=sys.stderr, flush=True)
+        if kept_dir:  # either is kept with the run: a fresh clone does not try again either
+            shutil.copyfile(written, os.path.join(kept_dir, os.path.basename(written)))
         shutil.rmtree(scratch)
     return result
 
