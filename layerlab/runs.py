@@ -253,6 +253,26 @@ def count_params(checkpoint):
     return sum(v.numel() for k, v in state["model"].items() if not k.endswith("_float_tensor"))
 
 
+def machine():
+    """The CPU a run trains on, as it decides the arithmetic's last bits and the speed: its model
+    name (``/proc/cpuinfo``; the platform's processor elsewhere), the instruction set PyTorch's
+    CPU kernels dispatch to (``AVX2``, ``AVX512``: another one sums in another order) and the
+    PyTorch version, e.g. ``'AMD EPYC, AVX2, torch 2.13.0'``."""
+    import platform
+
+    import torch
+
+    name = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), None)
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+
+
 def package_version():
     """The package version and, in a git checkout, the commit (with '+dirty' for local edits)."""
     import fairseq_plugins

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from layerlab import paths
 
@@ -372,7 +373,8 @@ def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows
     # 4 blocks' baseline seed 1: the mean of its seeds 2 and 3 per update (45 s) x 100 updates
     assert entry == {"measured_core_hours": 4.5, "measured_runs": 3,
                      "estimated_core_hours": 1.25, "estimated_runs": 1,
-                     "not_estimated": ["baseline at 8 blocks, seed 1"]}
+                     "not_estimated": ["baseline at 8 blocks, seed 1"],
+                     "machines": {"not recorded": 5}}
     assert lines[2].startswith("Training took 5.8 core-hours for 4 runs: 4.5 measured over 3 "
                                "runs, 1.2 estimated for 1 whose count is incomplete")
     assert "Not estimated (no complete run of the same row and depth yet): baseline at 8 " \
@@ -380,6 +382,22 @@ def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows
     _, lines = comparison.cpu_time(dict([run(4, "baseline", 1, None)]), updates=100)
     assert lines[2].startswith("No run's CPU time is complete yet. Not estimated (no complete "
                                "run of the same row and depth yet): baseline at 4 blocks, seed 1.")
+
+
+def test_the_machines_runs_trained_on_are_counted_as_recorded():
+    a, b = "AMD EPYC, AVX2, torch 2.13.0", "Intel Xeon, AVX512, torch 2.13.0"
+    results = {(4, "baseline", 1): {}, (4, "baseline", 2): {"machines": [a]},
+               (4, "mhc", 1): {"machines": [a]}, (4, "mhc", 2): {"machines": [b]},
+               (8, "baseline", 1): {"machines": [None, a]},
+               (8, "mhc", 1): {"machines": [b, a]}}
+    counts, text = comparison.machines_used(results)
+    assert counts == {"not recorded": 1, a: 2, b: 1, f"not recorded then {a}": 1,
+                      f"{b} then {a}": 1}
+    assert text.endswith(f": {a}: 2 runs; {b}: 1 run; {b} then {a}: 1 run; not recorded: 1 "
+                         f"run; not recorded then {a}: 1 run.")
+    # the record of this machine names its CPU and the kernels' instruction set
+    here = comparison.runs.machine()
+    assert here.count(", ") >= 2 and here.endswith(f"torch {torch.__version__}")
 
 
 def test_how_a_difference_moves_between_budgets():
@@ -452,10 +470,15 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
     first_process = json.loads((run / "cpu_seconds.json").read_text())
     assert len(first_process) == 1 and first_process[0] > 0
     monkeypatch.undo()
+    here = comparison.runs.machine()
+    # the rest on another machine (a later session's): both are recorded, in order
+    monkeypatch.setattr(comparison.runs, "machine", lambda: "Other CPU, AVX512, torch 9")
     assert comparison.main(argv) == 0
     resumed = json.loads((run / "result.json").read_text())
     uninterrupted = json.loads((whole / "result.json").read_text())
     assert resumed["resumed"] and not uninterrupted["resumed"]
+    assert uninterrupted["machines"] == [here]
+    assert resumed["machines"] == [here, "Other CPU, AVX512, torch 9"]
     assert "| fairseq.trainer | Loaded checkpoint" in (run / "train.log").read_text()
     # the same run: the same scores and every update's loss, logged once
     assert np.array_equal(np.load(run / "test_blocks.npy"), np.load(whole / "test_blocks.npy"))

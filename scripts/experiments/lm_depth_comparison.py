@@ -107,6 +107,10 @@ STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must 
 # null for a process that did not end normally (killed: its time is unknown), and no file for a
 # run begun before the count was kept: then the run's count is incomplete (null in result.json)
 CPU_SECONDS = "cpu_seconds.json"
+# the machines (runs.machine()) a run's processes trained on, in order of first use; null first
+# for a run begun before they were kept. Runs of one comparison may train on different CPUs
+# (a session's machine is not always the last one's), whose kernels sum in other orders
+MACHINES = "machines.json"
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 HEADS, CONTEXT, BATCH = 4, 128, 16
 # glibc's malloc settings for the training processes: with its defaults every tensor above the
@@ -355,12 +359,18 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         runs.fresh_run_dir(run_dir)
         runs.write_json(started, recipe)
         runs.write_json(os.path.join(run_dir, CPU_SECONDS), [])
+        runs.write_json(os.path.join(run_dir, MACHINES), [])
+    machines = runs.read_json(os.path.join(run_dir, MACHINES))
+    machines = [None] if machines is None else machines  # begun before the record was kept
+    if runs.machine() not in machines:
+        machines.append(runs.machine())
+        runs.write_json(os.path.join(run_dir, MACHINES), machines)
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
     result = {"row": row, "depth": depth, "seed": seed, "recipe": recipe, "arch": arch,
               "flags": flags, "code": runs.package_version(), "threads": args.threads,
-              "allocator": args.allocator, "resumed": resumed}
+              "allocator": args.allocator, "resumed": resumed, "machines": machines}
     saves = (["--save-interval-updates", args.save_interval_updates,
               "--keep-interval-updates", 1] if args.save_interval_updates else [])
     if args.curve_interval:  # fairseq keeps every interval checkpoint at a curve point
@@ -722,8 +732,33 @@ def cpu_time(results, updates):
     if missing:
         text += (f" Not estimated (no complete run of the same row and depth yet): "
                  f"{'; '.join(missing)}.")
+    entry["machines"], machine_text = machines_used(results)
     return entry, ["### CPU time", "", text + " The scoring and the curves are not counted "
-                   "(about 5% more).", ""]
+                   "(about 5% more).", "", machine_text, ""]
+
+
+def machines_used(results):
+    """How many of the finished runs trained on each machine (``runs.machine()``: the CPU, the
+    instruction set of PyTorch's kernels, the PyTorch version), as their ``machines`` record
+    says; a run of several machines (resumed elsewhere: ``'a then b'``) and a run without the
+    record (older: ``'not recorded'``) are counted as such. ``results`` {(depth, row, seed):
+    result}. -> ({machine: runs}, markdown line, the most runs first)."""
+    counts = {}
+    for r in results.values():
+        known = [m for m in r.get("machines") or [None] if m is not None]
+        if not known:
+            key = "not recorded"
+        elif len(r["machines"]) > 1:
+            key = " then ".join(m or "not recorded" for m in r["machines"])
+        else:
+            key = known[0]
+        counts[key] = counts.get(key, 0) + 1
+    text = ("Machines (the CPU, the instruction set PyTorch's kernels use, PyTorch; another "
+            "machine sums in another order, so its runs differ in the last bits, not in recipe): "
+            + "; ".join(f"{m}: {n} run{'s' * (n != 1)}"
+                        for m, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
+            + ".")
+    return counts, text
 
 
 def baseline_across_depths(curves):
