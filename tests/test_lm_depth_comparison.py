@@ -321,6 +321,10 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
                               np.load(tmp_path / "short" / "d2" / "baseline" / "seed1"
                                       / "test_blocks.npy"))
     assert not (dwa_run / "test_blocks_4.npy").exists() and not (dwa_run / "at4").exists()
+    # the record says what gave the other model: the code and the machine it trained on
+    record = json.loads((dwa_run / "test_blocks_4.mismatch.json").read_text())
+    assert record["machine"] == comparison.runs.machine() and record["curve_valid_bits"] == \
+        tampered["curve"]["valid_bits"][0] != record["valid_bits"]
     assert "not the same model" in err and "dwa at 2 blocks, seed 1 stays out" in err
     # named under its depth's section, not silently absent
     assert json.loads((tmp_path / "long" / "results.json").read_text())["within_runs"] == {

@@ -335,10 +335,12 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
         else:
             written = mismatch
             runs.write_json(mismatch, {"valid_bits": bits, "curve_valid_bits": expected,
-                                       "code": runs.package_version()})
+                                       "code": runs.package_version(),
+                                       "machine": runs.machine()})
             print(f"  not the same model: {bits} validation bits at update {update}, the run's "
-                  f"curve has {expected} (other code or threads?): {row} at {depth} blocks, "
-                  f"seed {seed} stays out of the table at {update}", file=sys.stderr, flush=True)
+                  f"curve has {expected} (other code, threads or machine?): {row} at {depth} "
+                  f"blocks, seed {seed} stays out of the table at {update}", file=sys.stderr,
+                  flush=True)
         if kept_dir:  # either is kept with the run: a fresh clone does not try again either
             shutil.copyfile(written, os.path.join(kept_dir, os.path.basename(written)))
         shutil.rmtree(scratch)
