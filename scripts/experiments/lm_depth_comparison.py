@@ -361,12 +361,14 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         runs.fresh_run_dir(run_dir)
         runs.write_json(started, recipe)
         runs.write_json(os.path.join(run_dir, CPU_SECONDS), [])
-        runs.write_json(os.path.join(run_dir, MACHINES), [])
-    machines = runs.read_json(os.path.join(run_dir, MACHINES))
-    machines = [None] if machines is None else machines  # begun before the record was kept
-    if runs.machine() not in machines:
-        machines.append(runs.machine())
-        runs.write_json(os.path.join(run_dir, MACHINES), machines)
+    machines_file = os.path.join(run_dir, MACHINES)
+    machines = runs.read_json(machines_file) if resumed else []
+    if machines is None:  # a run begun before the record was kept
+        machines = [None]
+    here = runs.machine()
+    if here not in machines:
+        machines.append(here)
+        runs.write_json(machines_file, machines)
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
@@ -747,13 +749,7 @@ def machines_used(results):
     result}. -> ({machine: runs}, markdown line, the most runs first)."""
     counts = {}
     for r in results.values():
-        known = [m for m in r.get("machines") or [None] if m is not None]
-        if not known:
-            key = "not recorded"
-        elif len(r["machines"]) > 1:
-            key = " then ".join(m or "not recorded" for m in r["machines"])
-        else:
-            key = known[0]
+        key = " then ".join(m or "not recorded" for m in r.get("machines") or [None])
         counts[key] = counts.get(key, 0) + 1
     text = ("Machines (the CPU, the instruction set PyTorch's kernels use, PyTorch; another "
             "machine sums in another order, so its runs differ in the last bits, not in recipe): "
