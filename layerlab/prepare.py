@@ -19,12 +19,11 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import urllib.request
 
-from . import paths
+from . import paths, warm
 
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first makes that a no-op, so errors stay one line on stderr
@@ -198,7 +197,7 @@ def binarize(dest, args, workers=1):
     """Run the real ``fairseq-preprocess ARGS --destdir`` into ``dest`` (atomically)."""
     with atomic_dir(dest) as tmp:
         cmd = preprocess_command() + [*map(str, args), "--destdir", tmp, "--workers", str(workers)]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = warm.run(cmd, merge_stderr=True)
         if proc.returncode != 0:
             raise PrepareError(f"fairseq-preprocess failed: {proc.stdout.strip()[-1500:]}")
 

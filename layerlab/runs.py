@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from . import paths
+from . import paths, warm
 from .fairseq_log import last_train_loss
 
 
@@ -46,6 +46,26 @@ def process_cpu_seconds(pid):
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+class _Process:
+    """``cmd`` as a fresh process with its output into the open file ``f`` (None: the terminal);
+    ``wait()`` sets ``returncode`` and ``cpu_seconds`` as :class:`layerlab.warm.Forked`'s."""
+
+    def __init__(self, cmd, f):
+        self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT if f else None)
+        self.pid, self.returncode, self.cpu_seconds = self.proc.pid, None, None
+
+    def wait(self):
+        # wait4: this child's own resource usage (other runs of a pool not mixed in)
+        _, status, usage = os.wait4(self.pid, 0)
+        self.proc.returncode = self.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        return self.returncode
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
 def run_logged(cmd, log=None, append=False, on_cpu=None, every=30.0) -> float:
     """Run ``cmd`` (output into the file ``log`` when given, after what it holds with
     ``append``, else to the terminal) -> its CPU seconds (user + system, its own children
@@ -57,7 +77,9 @@ def run_logged(cmd, log=None, append=False, on_cpu=None, every=30.0) -> float:
     seconds of the count."""
     cmd = [str(c) for c in cmd]
     with open(log, "a" if append else "w") if log else contextlib.nullcontext() as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT if f else None)
+        # (the log is truncated above: a forked command appends to it)
+        proc = (warm.start(cmd, stdout=log, stderr="stdout" if log else None, append=True)
+                if warm.enabled() else None) or _Process(cmd, f)
         done = threading.Event()
 
         def report_progress():
@@ -69,18 +91,15 @@ def run_logged(cmd, log=None, append=False, on_cpu=None, every=30.0) -> float:
         if watcher:
             watcher.start()
         try:
-            # wait4: this child's own resource usage (other runs of a pool not mixed in)
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         except BaseException:
             proc.kill()
-            proc.wait()
             raise
         finally:
             done.set()
             if watcher:
                 watcher.join()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    cpu_seconds = usage.ru_utime + usage.ru_stime
+    cpu_seconds = proc.cpu_seconds
     if on_cpu:
         on_cpu(cpu_seconds)
     if proc.returncode != 0:
@@ -89,7 +108,7 @@ def run_logged(cmd, log=None, append=False, on_cpu=None, every=30.0) -> float:
             with open(log, errors="replace") as f:
                 tail = f.read()[-3000:]
         raise StepError(f"command failed (exit {proc.returncode}): {shlex.join(cmd[:3])} ..."
-                        f"{' see ' + log if log else ''}\n{tail}")
+                        f"{f' see {log}' if log else ''}\n{tail}")
     return cpu_seconds
 
 
@@ -114,7 +133,7 @@ def score_command(scorer, flags):
 
 
 def run_scorer(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = warm.run(cmd)
     if proc.returncode != 0:
         raise StepError(f"{os.path.basename(cmd[1])} failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)

@@ -1,18 +1,15 @@
 """Shared fixtures: real CLIs run with the venv's executables and no torch.load override."""
-import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
+from layerlab import warm
 
 from helpers import PLUGIN_DIR, SCRIPTS
 
 BIN = os.path.dirname(sys.executable)
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # Under xdist every core already runs a worker: one intra-op thread per worker and per CLI it
 # starts (they inherit the variable). Torch's default, one thread per core in each of them,
@@ -39,51 +36,33 @@ def cli_env():
     return env
 
 
-def _read_line(fd, timeout=None):
-    """One line from a pipe, read a byte at a time (a buffered reader could take the next line
-    too, which select() would then not see); None if nothing came within ``timeout`` s."""
-    line = b""
-    while not line.endswith(b"\n"):
-        if timeout is not None and not select.select([fd], [], [], timeout)[0]:
-            return None
-        byte = os.read(fd, 1)
-        assert byte, "tests/cli_zygote.py ended (see its stderr above)"
-        line += byte
-    return line
-
-
 class _Zygote:
-    """One ``cli_zygote.py`` of this test process (started at its first command): it forks a
-    child per fairseq command instead of a new interpreter importing torch and fairseq again. A
-    zygote runs one command at a time: commands side by side go to different zygotes
+    """One ``layerlab.warm`` server of this test process (started at its first command): it
+    forks a child per fairseq command instead of a new interpreter importing torch and fairseq
+    again. A server runs one command at a time: commands side by side go to different zygotes
     (``ZYGOTES``)."""
 
     def __init__(self):
-        self.proc = self.running = None
+        self.server = None
+
+    @property
+    def running(self):
+        return self.server.running if self.server else None
 
     def start(self, argv, stdin, cwd, script=False, env=None):
-        """Start the command; returns the ``_Command`` to ``wait()`` for. A command of this
+        """Start the command (``script``: ``python argv[0] ...``, else a console script's path
+        and its arguments); returns the ``_Command`` to ``wait()`` for. A command of this
         zygote's that nobody waited for (its test failed first) is killed."""
-        if self.running is not None:
-            try:
-                self.running.wait(timeout=0)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "cli_zygote.py")],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         env=cli_env())
+        if self.server is None:
+            self.server = warm.Server(env=cli_env())
         tmp = tempfile.TemporaryDirectory()
         paths = {key: os.path.join(tmp.name, key) for key in ("stdin", "stdout", "stderr")}
         with open(paths["stdin"], "w") as f:  # the child writes the other two
             f.write(stdin or "")
-        request = dict(paths, argv=[str(a) for a in argv], cwd=str(cwd or os.getcwd()),
-                       env=env or cli_env(), script=script)
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        pid = int(_read_line(self.proc.stdout.fileno()))
-        self.running = _Command(self, argv, pid, tmp, paths)
-        return self.running
+        argv = [str(a) for a in argv]
+        forked = self.server.start(warm.request("path" if script else "console", argv, cwd=cwd,
+                                                env=env or cli_env(), **paths))
+        return _Command(forked, tmp, paths)
 
     def run(self, argv, stdin, cwd, script=False, env=None):
         return self.start(argv, stdin, cwd, script, env).wait()
@@ -92,33 +71,30 @@ class _Zygote:
 class _Command:
     """A command running in a child of a zygote (``_Zygote.start``)."""
 
-    def __init__(self, zygote, argv, pid, tmp, paths):
-        self.zygote, self.argv, self.pid, self.tmp, self.paths = zygote, argv, pid, tmp, paths
+    def __init__(self, forked, tmp, paths):
+        self.forked, self.pid, self.tmp, self.paths = forked, forked.pid, tmp, paths
 
     def wait(self, timeout=None):
         """Its CompletedProcess (text stdout and stderr); past ``timeout`` s the child is killed
         and subprocess.TimeoutExpired raised, as ``Popen.communicate`` does."""
-        fd = self.zygote.proc.stdout.fileno()
-        reply = _read_line(fd, timeout)
-        self.zygote.running = None
-        if reply is None:
-            # not reaped before its status line is written: the pid is still the child's
-            os.kill(self.pid, signal.SIGKILL)
-            _read_line(fd)  # its status: the zygote is ready for the next command
+        try:
+            code = self.forked.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
         # (a child killed at once may not have opened them)
         out, err = (open(self.paths[key], encoding="utf-8", errors="replace").read()
                     if os.path.exists(self.paths[key]) else "" for key in ("stdout", "stderr"))
         self.tmp.cleanup()
-        if reply is None:  # what it wrote before, for the failure's message
-            raise subprocess.TimeoutExpired(self.argv, timeout, output=out, stderr=err)
-        return subprocess.CompletedProcess(self.argv, int(reply), out, err)
+        if code is None:  # what it wrote before, for the failure's message
+            raise subprocess.TimeoutExpired(self.forked.argv, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(self.forked.argv, code, out, err)
 
 
 ZYGOTES = (_Zygote(), _Zygote())
 
 
 def run_cli(name, *args, stdin=None, cwd=None, check=True):
-    """Run a fairseq console script (its entry point in a child of ``cli_zygote.py``: see there
+    """Run a fairseq console script (its entry point in a child of a ``layerlab.warm`` server: see there
     what is and is not as in a fresh interpreter); return stdout + stderr (asserting success if
     ``check``), or the CompletedProcess if not."""
     proc = ZYGOTES[0].run([os.path.join(BIN, name), *map(str, args)], stdin, cwd)
@@ -136,7 +112,7 @@ def start_cli(name, *args, zygote=0, env=None):
 
 
 def run_script(path, *args, stdin=None, cwd=None, env=None):
-    """``python PATH ARGS`` (one of this repository's scripts) in a child of ``cli_zygote.py``:
+    """``python PATH ARGS`` (one of this repository's scripts) in a child of a ``layerlab.warm`` server:
     the CompletedProcess (text stdout and stderr)."""
     return ZYGOTES[0].run([path, *args], stdin, cwd, script=True, env=env)
 

@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from layerlab import paths
+from layerlab import paths, warm
 
 comparison = paths.load_script("experiments", "lm_depth_comparison.py")
 TINY = ["--depths", "2", "--seeds", "1", "--updates", "2", "--embed-dim", "16"]
+
+
+@pytest.fixture(autouse=True)
+def forked_commands(monkeypatch):
+    """The comparison's fairseq commands forked from a warm server (``layerlab.warm``: ~5 s of
+    imports less per command); tests/test_interrupted.py runs them as fresh processes."""
+    monkeypatch.setenv(warm.ENV, "1")
 
 
 @pytest.mark.parametrize("rows,message", [

@@ -1,15 +1,19 @@
-"""tests/cli_zygote.py, which runs the tests' fairseq commands and scripts in forked children:
-each child starts as a fresh interpreter would (no plugin loaded, no logging configured, the
+"""layerlab.warm, which runs the tests' fairseq commands and scripts in forked children (and the
+experiment library's with LAYERLAB_FORK_COMMANDS=1): each child starts as a fresh interpreter would (no plugin loaded, no logging configured, the
 script's folder first on sys.path, the given cwd, environment and stdin) and ends with the
 command's exit status, its output flushed and its atexit functions run; two zygotes run
-commands side by side, and a command past its timeout is killed."""
+commands side by side, and a command past its timeout is killed. With the variable set,
+the experiment library's commands are forked too, with the same logs, statuses and CPU
+seconds as fresh processes; without it they are fresh processes."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from conftest import ZYGOTES, cli_env, run_cli, run_script
 from helpers import PLUGIN_DIR
+from layerlab import runs, warm
 
 PROBE = '''
 import atexit, json, logging, os, sys
@@ -90,3 +94,75 @@ def test_commands_on_two_zygotes_run_side_by_side_and_a_hung_one_is_killed(tmp_p
     with pytest.raises(ProcessLookupError):
         os.kill(forgotten.pid, 0)
     assert ZYGOTES[1].running is None
+
+
+def test_which_commands_can_be_forked():
+    python, bin_dir = sys.executable, os.path.dirname(sys.executable)
+    assert warm.how([os.path.join(bin_dir, "fairseq-train"), "data"]) == (
+        "console", [os.path.join(bin_dir, "fairseq-train"), "data"])
+    assert warm.how([python, "scripts/x.py", "--a"]) == ("path", ["scripts/x.py", "--a"])
+    assert warm.how([python, "-m", "layerlab.cut_lines", "a"]) == (
+        "module", ["layerlab.cut_lines", "a"])
+    # anything else starts as a fresh process: other programs, python with its own options,
+    # a script of that name outside this environment
+    assert warm.how(["bash", "-c", "true"]) is None
+    assert warm.how([python, "-c", "print(1)"]) is None
+    assert warm.how(["/usr/bin/fairseq-train", "data"]) is None
+
+
+BURN = """import sys, time
+print("fairseq imported:", "fairseq" in sys.modules, flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+end = time.process_time() + float(sys.argv[1])
+while time.process_time() < end:
+    pass
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_run_logged_forks_only_when_asked_with_the_same_log_status_and_cpu(tmp_path,
+                                                                           monkeypatch, forked):
+    if forked:
+        monkeypatch.setenv(warm.ENV, "1")
+    else:
+        monkeypatch.delenv(warm.ENV, raising=False)
+    script = tmp_path / "burn.py"
+    script.write_text(BURN)
+    log = tmp_path / "log.txt"
+    log.write_text("earlier\n")
+    cpu = runs.run_logged([sys.executable, script, 0.5, 0], log, append=True)
+    # a forked child has fairseq already (the server's); a fresh interpreter has not
+    assert log.read_text() == f"earlier\nfairseq imported: {forked}\nto stderr\n"
+    assert 0.5 <= cpu < 3.0  # the burn, not the server's imports
+    with pytest.raises(runs.StepError, match=r"(?s)exit 3\).*log.txt.*to stderr"):
+        runs.run_logged([sys.executable, script, 0, 3], log)  # without append: a new log
+    assert log.read_text().startswith("fairseq imported")
+
+
+def test_a_forked_command_without_a_log_writes_to_the_callers_output(tmp_path):
+    script = tmp_path / "burn.py"
+    script.write_text(BURN)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from layerlab import runs; "
+                           "runs.run_logged(sys.argv[1:])", sys.executable, script, "0", "0"],
+                          capture_output=True, text=True, env=dict(cli_env(), **{warm.ENV: "1"}))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "fairseq imported: True\n" and proc.stderr.endswith("to stderr\n")
+
+
+def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm.ENV, "1")
+    script = tmp_path / "burn.py"
+    script.write_text(BURN)
+    proc = warm.run([sys.executable, script, 0, 5])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (5, "fairseq imported: True\n",
+                                                            "to stderr\n")
+    proc = warm.run([sys.executable, script, 0, 0], merge_stderr=True)
+    assert proc.stdout == "fairseq imported: True\nto stderr\n" and proc.stderr is None
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\ntime.sleep(600)\n")
+    forked = warm.start([sys.executable, hang])
+    forked.kill()
+    assert forked.returncode == -9
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(forked.pid, 0)
