@@ -10,6 +10,7 @@ from layerlab import warm
 from helpers import PLUGIN_DIR, SCRIPTS
 
 BIN = os.path.dirname(sys.executable)
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # Under xdist every core already runs a worker: one intra-op thread per worker and per CLI it
 # starts (they inherit the variable). Torch's default, one thread per core in each of them,
@@ -185,23 +186,22 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
     assert sum(line.startswith("H-") for line in out.splitlines()) >= 4
 
 
-# The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 40-220 s
-# on 2 cores, `--durations` of CI): started first, so that `-n 2` workers do not end with one of
-# them still running a table smoke while the other is idle (~4 min of CI's wall time when they
-# were collected last).
-LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_lm_table_smoke",
-              "test_tables.py::test_bridge_table_smoke", "test_bench.py::test_bench_suite_quick",
-              "test_end_to_end.py::test_quickstart", "test_docs.py::test_documented_commands_run",
-              "test_interrupted.py::", "test_tables.py::test_lrf_cfq_smoke",
-              # 40-65 s each in the CI of 2026-11-27 (846 tests)
-              "test_lm_depth_comparison.py::test_a_tiny_comparison",
-              # 40-95 s each in the CI of 2026-11-28 (968 tests)
+# The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 35-135 s
+# on 2 cores, `--durations` of CI): started first, longest first, so that `-n 2` workers do not
+# end with one of them still running a long test while the other is idle (~4 min of CI's wall
+# time when they were collected last). Order: the fresh-clone CI of 2026-11-29 afternoon, after
+# the table smokes and the comparison's tests began forking their commands (layerlab.warm).
+LONG_FIRST = ("test_end_to_end.py::test_quickstart", "test_bench.py::test_bench_suite_quick",
               "test_kernels.py::test_kernels_under_the_triton_interpreter",
+              "test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_bridge_table_smoke",
+              "test_tables.py::test_lm_table_smoke",
               "test_lm_depth_comparison.py::test_a_longer_run",
-              "test_lm_depth_comparison.py::test_an_interrupted_run",
+              "test_lm_depth_comparison.py::test_a_tiny_comparison", "test_interrupted.py::",
+              "test_prepare.py::test_cfq_mcd1_real_preprocessed_files",
               "test_end_to_end.py::test_compare_seeds_summarises",
               "test_prepare.py::test_wikitext2_real_files",
-              "test_prepare.py::test_cfq_mcd1_real_preprocessed_files")
+              "test_lm_depth_comparison.py::test_an_interrupted_run",
+              "test_docs.py::test_documented_commands_run", "test_tables.py::test_lrf_cfq_smoke")
 
 
 def pytest_collection_modifyitems(items):
