@@ -19,7 +19,9 @@ The child starts as a fresh interpreter would and ends as the command would:
   ``sys.path[0]`` is what the interpreter would put there (the script's folder; the console
   script's is the environment's ``bin/``; the working directory for ``python -m``);
 - at exit it waits for its threads and runs the ``atexit`` functions (TensorBoard's writers flush
-  there), then exits with the command's status.
+  there), then exits with the command's status;
+- a Ctrl-C stops the command (Python's handler: ``KeyboardInterrupt``), not the server, which
+  ignores it and waits for the next command.
 
 What differs: the import time is not paid (nor counted in the command's CPU seconds), and
 modules the server imported are not imported again (their import-time side effects happened in
@@ -144,6 +146,7 @@ def become(req, close=()):
     try:
         for fd in close:
             os.close(fd)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter's
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -187,6 +190,9 @@ def serve(requests_fd, replies_fd):
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
+    # a Ctrl-C in the terminal reaches the whole process group: the command stops (its child
+    # restores Python's handler), the server waits for the next one
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with os.fdopen(requests_fd, "rb") as requests, os.fdopen(replies_fd, "wb") as replies:
         for line in requests:
             req = json.loads(line)

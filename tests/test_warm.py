@@ -7,8 +7,10 @@ the experiment library's commands are forked too, with the same logs, statuses a
 seconds as fresh processes; without it they are fresh processes."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ZYGOTES, cli_env, run_cli, run_script
@@ -166,3 +168,17 @@ def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
     assert forked.returncode == -9
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(forked.pid, 0)
+    # a Ctrl-C (SIGINT to the process group) stops the command, as Python's handler would,
+    # and leaves the server for the next one
+    ready = tmp_path / "ready"
+    hang.write_text(f"import time\nopen({str(ready)!r}, 'w').close()\ntime.sleep(600)\n")
+    interrupted = warm.start([sys.executable, hang])
+    assert interrupted.server is forked.server  # the idle server, used again
+    server = forked.server.proc
+    while not ready.exists():  # the command has started (its handler is Python's)
+        time.sleep(0.05)
+    os.kill(interrupted.pid, signal.SIGINT)
+    os.kill(server.pid, signal.SIGINT)
+    assert interrupted.wait(timeout=60) == 1  # KeyboardInterrupt: a traceback, status 1
+    assert warm.run([sys.executable, script, 0, 0]).returncode == 0
+    assert server.poll() is None and forked.server.proc is server  # not started again
