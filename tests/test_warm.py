@@ -4,7 +4,8 @@ script's folder first on sys.path, the given cwd, environment and stdin) and end
 command's exit status, its output flushed and its atexit functions run; two zygotes run
 commands side by side, and a command past its timeout is killed. With the variable set,
 the experiment library's commands are forked too, with the same logs, statuses and CPU
-seconds as fresh processes; without it they are fresh processes."""
+seconds as fresh processes (and a training's parameters bit for bit); without it they are fresh
+processes."""
 import json
 import os
 import signal
@@ -182,3 +183,20 @@ def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
     assert interrupted.wait(timeout=60) == 1  # KeyboardInterrupt: a traceback, status 1
     assert warm.run([sys.executable, script, 0, 0]).returncode == 0
     assert server.poll() is None and forked.server.proc is server  # not started again
+
+
+def test_a_forked_training_is_the_fresh_one_bit_for_bit(lm_bin, tmp_path, monkeypatch):
+    import torch
+
+    flags = ["--task", "language_modeling", "--arch", "gpt_baseline_lm_tiny",
+             "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr",
+             "3e-3", "--max-update", "4", "--no-epoch-checkpoints", "--disable-validation"]
+    models = {}
+    for forked in ("0", "1"):
+        monkeypatch.setenv(warm.ENV, forked)
+        run_dir = tmp_path / forked
+        run_dir.mkdir()
+        runs.run_logged(runs.train_command(lm_bin, run_dir, 1, flags), run_dir / "train.log")
+        models[forked] = torch.load(run_dir / "checkpoint_last.pt", weights_only=False)["model"]
+    assert models["0"].keys() == models["1"].keys()
+    assert all(torch.equal(models["0"][k], models["1"][k]) for k in models["0"])
