@@ -56,12 +56,22 @@ def enabled():
 _console_scripts = None
 
 
-def _is_console_script(name):
+def _console_script(name):
+    """The installed console script ``name``'s entry point (None: there is none)."""
     global _console_scripts
     if _console_scripts is None:
         from importlib.metadata import entry_points
-        _console_scripts = {ep.name for ep in entry_points(group="console_scripts")}
-    return name in _console_scripts
+        _console_scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
+    return _console_scripts.get(name)
+
+
+def read_output(path):
+    """What a command wrote into ``path`` ("" where it never opened it: a child killed at
+    once)."""
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def how(cmd):
@@ -80,7 +90,7 @@ def how(cmd):
             return "path", cmd[1:]
         return None
     if (os.path.dirname(exe) == os.path.dirname(os.path.abspath(sys.executable))
-            and _is_console_script(os.path.basename(exe))):
+            and _console_script(os.path.basename(exe)) is not None):
         return "console", [exe, *cmd[1:]]
     return None
 
@@ -122,11 +132,8 @@ def _run(kind, argv):
     import runpy
     sys.argv = list(argv)
     if kind == "console":
-        from importlib.metadata import entry_points
-        name = os.path.basename(argv[0])
         sys.path[0] = os.path.dirname(argv[0])
-        (entry,) = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
-        return entry.load()()
+        return _console_script(os.path.basename(argv[0])).load()()
     if kind == "path":
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
@@ -286,7 +293,7 @@ class Forked:
         self.returncode, self.cpu_seconds = int(code), float(cpu)
         self.server.running = None
         with _lock:
-            if self.server not in _idle and self.server in _pooled:
+            if self.server in _pooled:  # (it left _idle when it was given the command)
                 _idle.append(self.server)
 
 
@@ -308,7 +315,6 @@ def start(cmd, stdout=None, stderr=None, append=False, stdin=os.devnull):
     return server.start(request(*plan, stdin=stdin, stdout=stdout, stderr=stderr, append=append))
 
 
-
 def run(cmd, merge_stderr=False):
     """``subprocess.run(cmd, capture_output=True, text=True)`` (stderr into stdout with
     ``merge_stderr``), forked when :func:`enabled` and the command can be."""
@@ -322,11 +328,8 @@ def run(cmd, merge_stderr=False):
             except BaseException:
                 forked.kill()
                 raise
-            # (a child killed at once may not have opened them)
-            text = [open(path, encoding="utf-8", errors="replace").read()
-                    if os.path.exists(path) else "" for path in (out, err)]
-            return subprocess.CompletedProcess(cmd, forked.returncode, text[0],
-                                               None if merge_stderr else text[1])
+            return subprocess.CompletedProcess(cmd, forked.returncode, read_output(out),
+                                               None if merge_stderr else read_output(err))
     if merge_stderr:
         return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, capture_output=True, text=True)

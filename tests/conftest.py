@@ -37,6 +37,11 @@ def cli_env():
     return env
 
 
+def forked_env():
+    """``cli_env()`` in which the experiment library forks its commands (``layerlab.warm``)."""
+    return dict(cli_env(), **{warm.ENV: "1"})
+
+
 class _Zygote:
     """One ``layerlab.warm`` server of this test process (started at its first command): it
     forks a child per fairseq command instead of a new interpreter importing torch and fairseq
@@ -82,9 +87,7 @@ class _Command:
             code = self.forked.wait(timeout)
         except subprocess.TimeoutExpired:
             code = None
-        # (a child killed at once may not have opened them)
-        out, err = (open(self.paths[key], encoding="utf-8", errors="replace").read()
-                    if os.path.exists(self.paths[key]) else "" for key in ("stdout", "stderr"))
+        out, err = (warm.read_output(self.paths[key]) for key in ("stdout", "stderr"))
         self.tmp.cleanup()
         if code is None:  # what it wrote before, for the failure's message
             raise subprocess.TimeoutExpired(self.forked.argv, timeout, output=out, stderr=err)
@@ -95,9 +98,9 @@ ZYGOTES = (_Zygote(), _Zygote())
 
 
 def run_cli(name, *args, stdin=None, cwd=None, check=True):
-    """Run a fairseq console script (its entry point in a child of a ``layerlab.warm`` server: see there
-    what is and is not as in a fresh interpreter); return stdout + stderr (asserting success if
-    ``check``), or the CompletedProcess if not."""
+    """Run a fairseq console script (its entry point in a child of a ``layerlab.warm`` server:
+    see there what is and is not as in a fresh interpreter); return stdout + stderr (asserting
+    success if ``check``), or the CompletedProcess if not."""
     proc = ZYGOTES[0].run([os.path.join(BIN, name), *map(str, args)], stdin, cwd)
     if check:
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -113,8 +116,8 @@ def start_cli(name, *args, zygote=0, env=None):
 
 
 def run_script(path, *args, stdin=None, cwd=None, env=None):
-    """``python PATH ARGS`` (one of this repository's scripts) in a child of a ``layerlab.warm`` server:
-    the CompletedProcess (text stdout and stderr)."""
+    """``python PATH ARGS`` (one of this repository's scripts) in a child of a ``layerlab.warm``
+    server: the CompletedProcess (text stdout and stderr)."""
     return ZYGOTES[0].run([path, *args], stdin, cwd, script=True, env=env)
 
 

@@ -7,11 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli_env, run_cli, train
+from conftest import cli_env, forked_env, run_cli, train
 from helpers import PLUGIN_DIR, SCRIPTS
 
 from fairseq_plugins.metrics.generate_log import read_generate_log
-from layerlab import warm
 from layerlab.paths import load_script
 
 
@@ -184,7 +183,7 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
     cmd = [sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"), "--data", scan_bin / "bin",
            "--archs", "transformer_tiny", "--seeds", "1,2", "--max-update", "3",
            "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "64", "--out-dir", "cmp"]
-    env = dict(cli_env(), **{warm.ENV: "1"})  # its commands forked (layerlab.warm)
+    env = forked_env()  # its commands forked (layerlab.warm)
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -213,7 +212,7 @@ def test_compare_seeds_linear_decay_recipe_in_parallel(scan_bin, tmp_path):
            "--bootstrap", "0", "--out-dir", "cmp"]
     # forked (layerlab.warm): two commands at a time, from two servers
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True,
-                          env=dict(cli_env(), **{warm.ENV: "1"}), cwd=tmp_path)
+                          env=forked_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
     assert [r["seed"] for r in report["runs"]] == [1, 2]

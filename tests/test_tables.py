@@ -6,17 +6,16 @@ import os
 import subprocess
 
 import pytest
-from conftest import cli_env, run_script
+from conftest import cli_env, forked_env, run_script
 from helpers import SCRIPTS, SHARED_DATA
-from layerlab import warm
 
 TABLES = os.path.join(SCRIPTS, "tables")
 needs_data = pytest.mark.skipif(not os.path.isdir(SHARED_DATA),
                                 reason="development data (../shared/data) not present")
 
 
-def run_table(script, *args, check=True):
-    proc = run_script(os.path.join(TABLES, script), *args)
+def run_table(script, *args, check=True, env=None):
+    proc = run_script(os.path.join(TABLES, script), *args, env=env)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -31,11 +30,9 @@ def smoke(script, data_root, out, *extra):
     """The table's smoke scale, its commands forked from a warm server (``layerlab.warm``: ~5 s
     of imports less per command; the documented commands and the quickstart start theirs as
     fresh processes)."""
-    proc = run_script(os.path.join(TABLES, script), "--scale", "smoke", "--from", SHARED_DATA,
-                      "--data-root", data_root, "--out-dir", out / "runs", "--results-dir",
-                      out / "results", *extra, env=dict(cli_env(), **{warm.ENV: "1"}))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_table(script, "--scale", "smoke", "--from", SHARED_DATA, "--data-root", data_root,
+                     "--out-dir", out / "runs", "--results-dir", out / "results", *extra,
+                     env=forked_env())
 
 
 def check_outputs(out, name, labels, pictures):
