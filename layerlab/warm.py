@@ -21,7 +21,8 @@ The child starts as a fresh interpreter would and ends as the command would:
 - at exit it waits for its threads and runs the ``atexit`` functions (TensorBoard's writers flush
   there), then exits with the command's status;
 - a Ctrl-C stops the command (Python's handler: ``KeyboardInterrupt``), not the server, which
-  ignores it and waits for the next command.
+  ignores it and waits for the next command; one sent in the microseconds between the fork and
+  the command's start is held (SIGINT blocked) and raised as the command starts, not lost.
 
 What differs: the import time is not paid (nor counted in the command's CPU seconds), and
 modules the server imported are not imported again (their import-time side effects happened in
@@ -153,7 +154,9 @@ def become(req, close=()):
     try:
         for fd in close:
             os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter's
+        # as a fresh interpreter's; SIGINT stays blocked (the server's mask) until the command
+        # starts, so that a Ctrl-C from the fork on is delivered then, not lost
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -162,6 +165,8 @@ def become(req, close=()):
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         _redirect(req)
         try:
+            # a SIGINT that came while blocked raises KeyboardInterrupt here, as in the command
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             status = _run(req["kind"], req["argv"])
             code = 0 if status is None else status
         except SystemExit as e:
@@ -198,8 +203,13 @@ def serve(requests_fd, replies_fd):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     # a Ctrl-C in the terminal reaches the whole process group: the command stops (its child
-    # restores Python's handler), the server waits for the next one
+    # restores Python's handler), the server waits for the next one. Ignored *and* blocked: a
+    # child inherits the mask, and Linux keeps a blocked signal pending even where it is
+    # ignored, so a SIGINT sent to a child before it has restored the handler is delivered
+    # when the child unblocks it (ignored alone, it would be discarded: the command would run
+    # on). The server's own pending SIGINTs are not inherited (fork clears them).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     with os.fdopen(requests_fd, "rb") as requests, os.fdopen(replies_fd, "wb") as replies:
         for line in requests:
             req = json.loads(line)
