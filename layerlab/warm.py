@@ -191,6 +191,17 @@ def become(req, close=()):
 
 
 # ---- the server --------------------------------------------------------------------------------
+def hold_interrupts():
+    """The server's SIGINT: ignored *and* blocked. A Ctrl-C in the terminal reaches the whole
+    process group: the command stops (its child restores Python's handler), the server waits
+    for the next one. A child inherits the mask, and Linux keeps a blocked signal pending even
+    where it is ignored, so a SIGINT sent to a child before it has restored the handler is
+    delivered when :func:`become` unblocks it (ignored alone, it would be discarded: the command
+    would run on). The server's own pending SIGINTs are not inherited (fork clears them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def serve(requests_fd, replies_fd):
     """The server's loop: import torch and fairseq, then fork a child per request (read from
     descriptor ``requests_fd``) and report on ``replies_fd`` (see the module's protocol); ends
@@ -202,14 +213,7 @@ def serve(requests_fd, replies_fd):
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
-    # a Ctrl-C in the terminal reaches the whole process group: the command stops (its child
-    # restores Python's handler), the server waits for the next one. Ignored *and* blocked: a
-    # child inherits the mask, and Linux keeps a blocked signal pending even where it is
-    # ignored, so a SIGINT sent to a child before it has restored the handler is delivered
-    # when the child unblocks it (ignored alone, it would be discarded: the command would run
-    # on). The server's own pending SIGINTs are not inherited (fork clears them).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    hold_interrupts()
     with os.fdopen(requests_fd, "rb") as requests, os.fdopen(replies_fd, "wb") as replies:
         for line in requests:
             req = json.loads(line)

@@ -8,6 +8,7 @@ seconds as fresh processes (and a training's parameters bit for bit); without it
 processes."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -185,16 +186,16 @@ def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
     assert server.poll() is None and forked.server.proc is server  # not started again
     # the server ignores and blocks SIGINT (its children inherit the mask); a command runs with
     # it unblocked and caught by Python's handler, as in a fresh interpreter
-    assert {"SigBlk", "SigIgn"} <= _sigint_in(f"/proc/{server.pid}/status")
+    server_status = pathlib.Path(f"/proc/{server.pid}/status").read_text()
+    assert {"SigBlk", "SigIgn"} <= _sigint_in(server_status)
     mask = tmp_path / "mask.py"
     mask.write_text("print(open('/proc/self/status').read())\n")
     child = warm.run([sys.executable, mask]).stdout
     assert _sigint_in(child) == {"SigCgt"}
 
 
-def _sigint_in(status):
-    """The /proc/PID/status signal sets (a file's path or its text) that hold SIGINT."""
-    text = open(status).read() if status.startswith("/proc/") else status
+def _sigint_in(text):
+    """The signal sets of a /proc/PID/status text that hold SIGINT."""
     fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
     return {name for name in ("SigPnd", "SigBlk", "SigIgn", "SigCgt")
             if int(fields[name], 16) & (1 << (signal.SIGINT - 1))}
@@ -202,8 +203,9 @@ def _sigint_in(status):
 
 def test_a_ctrl_c_before_the_command_has_started_is_not_lost(tmp_path):
     # the race a Ctrl-C can meet: SIGINT sent to a child after the fork, before it restores
-    # Python's handler. Made certain here: the child of a fork of this process sets the
-    # server's disposition and mask, is sent SIGINT, then becomes the command
+    # Python's handler. Made certain here: the child of a fork of this process takes the
+    # server's disposition and mask (warm.hold_interrupts), is sent SIGINT, then becomes the
+    # command
     script = tmp_path / "long.py"
     script.write_text("import time\ntime.sleep(60)\n")
     out = tmp_path / "out.txt"
@@ -211,8 +213,7 @@ def test_a_ctrl_c_before_the_command_has_started_is_not_lost(tmp_path):
     pid = os.fork()
     if pid == 0:
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            warm.hold_interrupts()
             os.kill(os.getpid(), signal.SIGINT)
             warm.become(req)
         finally:
