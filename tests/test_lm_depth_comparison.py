@@ -194,7 +194,21 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
     assert gain["amax_gain_forward"] == pytest.approx(1.0, abs=1e-3)
     assert gain["amax_gain_backward"] == pytest.approx(1.0, abs=1e-3)
     assert rows["baseline"]["amax_gain"] == [None]
-    assert "Amax gain" in (out / "results.md").read_text()
+    # and at every logged update, the last of which is the gain at the end
+    curve = result["amax_gain_curve"]
+    assert curve["update"] and curve["update"][-1] == 2
+    assert len(curve["amax_gain_forward"]) == len(curve["update"]) == len(result["train_losses"])
+    assert curve["amax_gain_forward"][-1] == gain["amax_gain_forward"]
+    peak = rows["mhc_lite"]["amax_gain_peak"][0]
+    assert peak["amax_gain_forward"] == [max(curve["amax_gain_forward"]), pytest.approx(
+        curve["update"][int(np.argmax(curve["amax_gain_forward"]))])]
+    assert rows["baseline"]["amax_gain_peak"] == [None]
+    gain_line = next(line for line in (out / "results.md").read_text().splitlines()
+                     if line.startswith("| mhc_lite | 1.000 / 1.000 |"))
+    assert gain_line.endswith(f" | {peak['amax_gain_forward'][0]:.3f} "
+                              f"({peak['amax_gain_forward'][1]:,}) / "
+                              f"{peak['amax_gain_backward'][0]:.3f} "
+                              f"({peak['amax_gain_backward'][1]:,}) |")
     assert (out / "weights_d2.png").stat().st_size > 0  # the learned connection weights
     assert (out / "layers_d2.png").stat().st_size > 0  # logit lens, CKA, update norms per row
     check_kept_runs(argv, kept, out, monkeypatch, capsys)
@@ -393,6 +407,36 @@ def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows
     _, lines = comparison.cpu_time(dict([run(4, "baseline", 1, None)]), updates=100)
     assert lines[2].startswith("No run's CPU time is complete yet. Not estimated (no complete "
                                "run of the same row and depth yet): baseline at 4 blocks, seed 1.")
+
+
+def test_the_amax_gain_is_kept_at_every_logged_update_and_its_peak_reported(tmp_path):
+    def line(update, loss, gains=None):
+        record = {"epoch": 1, "loss": str(loss), "num_updates": str(update)}
+        record.update({f"lw_decoder_depth_connection_amax_gain_{k}": str(v)
+                       for k, v in (gains or {}).items()})
+        return f"2026-11-29 20:00:00 | INFO | train_inner | {json.dumps(record)}\n"
+
+    log = tmp_path / "train.log"
+    # a run interrupted after update 120 and resumed from its checkpoint at 80: updates 120 and
+    # 160 are logged again after 120's first record, and the later records count
+    log.write_text(line(40, 9.0, dict(forward=2.0, backward=1.5))
+                   + line(80, 8.0, dict(forward=7.0, backward=3.0))
+                   + line(120, 7.5, dict(forward=9.0, backward=2.0))
+                   + "2026-11-29 20:01:00 | INFO | fairseq_cli.train | begin training\n"
+                   + line(120, 7.4, dict(forward=6.0, backward=2.5))
+                   + line(160, 7.0, dict(forward=5.0, backward=4.0)))
+    losses, gains, curve = comparison.training_log(str(log))
+    assert losses == [9.0, 8.0, 7.4, 7.0]
+    assert gains == {"amax_gain_forward": 5.0, "amax_gain_backward": 4.0}  # the last update's
+    assert curve == {"update": [40, 80, 120, 160], "amax_gain_forward": [2.0, 7.0, 6.0, 5.0],
+                     "amax_gain_backward": [1.5, 3.0, 2.5, 4.0]}
+    # the forward peak is the first 80's, not the superseded 9.0 logged at 120 before resuming
+    assert comparison.amax_gain_peak(curve) == {"amax_gain_forward": [7.0, 80],
+                                                "amax_gain_backward": [4.0, 160]}
+    assert comparison.amax_gain_peak(None) is None
+    # a row without the composite mixing logs no gains: no curve
+    log.write_text(line(40, 9.0) + line(80, 8.0))
+    assert comparison.training_log(str(log)) == ([9.0, 8.0], {}, None)
 
 
 def test_the_machines_runs_trained_on_are_counted_as_recorded():

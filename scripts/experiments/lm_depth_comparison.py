@@ -347,6 +347,42 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
     return result
 
 
+def training_log(log):
+    """What a run's fairseq log holds of its training -> ``(losses, gains, curve)``: the loss of
+    every logged update in update order; the Amax gains of its composite stream mixing
+    (``amax_gain_forward`` / ``amax_gain_backward``) at the last logged update ({}: the row
+    logs none); and those gains at every logged update (``{"update": [...], key: [...]}``;
+    None: none logged), so that a report can say how they moved on the way, not only where
+    they ended. A resumed run logs again the updates after its checkpoint: the last record of
+    an update counts."""
+    logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
+    losses, gains, curve = [], {}, {"update": []}
+    for update, record in sorted(logged.items()):
+        losses.append(float(record["loss"]))
+        now = {key.split("connection_")[-1]: float(value)
+               for key, value in record.items() if "amax_gain" in key}
+        if now:
+            curve["update"].append(update)
+            for key, value in now.items():
+                curve.setdefault(key, []).append(value)
+        gains.update(now)
+    return losses, gains, curve if curve["update"] else None
+
+
+def amax_gain_peak(curve):
+    """The highest logged Amax gain of a run and the update it was logged at, per direction
+    (``{key: [gain, update]}``); None for a run without the curve (trained before it was
+    recorded, or a row without the composite mixing)."""
+    if not curve:
+        return None
+    peaks = {}
+    for key, values in curve.items():
+        if key != "update":
+            i = max(range(len(values)), key=values.__getitem__)
+            peaks[key] = [values[i], curve["update"][i]]
+    return peaks
+
+
 def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     done = finished_run(run_dir, kept_dir, recipe)
     if done is not None:
@@ -402,13 +438,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
                       valid_ppl=None, test_ppl=None, params=None)
         runs.save_result(run_dir, result)
         return finished_run(run_dir, kept_dir, recipe)
-    # a resumed run logs again the updates after its checkpoint: the last record per update
-    logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
-    losses, gains = [], {}
-    for _, record in sorted(logged.items()):
-        losses.append(float(record["loss"]))
-        gains.update({key.split("connection_")[-1]: float(value)
-                      for key, value in record.items() if "amax_gain" in key})
+    losses, gains, gain_curve = training_log(log)
     # CPU time, unlike the wall clock, counts neither a pause (SIGSTOP while CI runs) nor the
     # other runs sharing the machine, and adds up over the processes of a resumed run
     if segments is not None:
@@ -417,7 +447,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     result.update(params=runs.count_params(checkpoint),
                   train_seconds=round(time.time() - start, 1), train_losses=losses,
                   train_cpu_seconds=round(sum(segments), 1) if complete else None,
-                  amax_gain=gains or None)
+                  amax_gain=gains or None, amax_gain_curve=gain_curve)
     if seed == args.seeds[0]:
         runs.run_logged([sys.executable, paths.script("analyze_layers.py"), checkpoint,
                          "--data", args.data, "--subset", "valid", "--max-sentences", 256,
@@ -623,6 +653,7 @@ def summarise(args, results, plan, matched_of=None):
             test = stats.mean_std([r["test_bits"] for r in ok])
             entry = {"params": next((r["params"] for r in done if r["params"]), None),
                      "amax_gain": [r.get("amax_gain") for r in done],
+                     "amax_gain_peak": [amax_gain_peak(r.get("amax_gain_curve")) for r in done],
                      "valid_bits": valid, "test_bits": test,
                      "valid_ppl": stats.mean_std([r["valid_ppl"] for r in ok]),
                      "test_ppl": stats.mean_std([r["test_ppl"] for r in ok]),
@@ -671,15 +702,23 @@ def summarise(args, results, plan, matched_of=None):
                              f"{table[m['baseline']]['params'] or 0:,} | "
                              f"{m['difference']:+.4f} [{m['low']:+.4f}, {m['high']:+.4f}] | "
                              f"{verdict(m)} |")
-        gains = {row: e["amax_gain"] for row, e in table.items() if any(e["amax_gain"])}
+        gains = [row for row, e in table.items() if any(e["amax_gain"])]
         if gains:
-            lines += ["", "Amax gain of the composite stream mixing at the end of training "
-                      "(the last logged interval; forward / backward, per seed):", "",
-                      "| row | Amax gain |", "|---|---|"]
-            lines += [f"| {row} | " + "; ".join(
-                f"{g.get('amax_gain_forward', float('nan')):.3f} / "
-                f"{g.get('amax_gain_backward', float('nan')):.3f}" for g in seeds if g) + " |"
-                for row, seeds in gains.items()]
+            lines += ["", "Amax gain of the composite stream mixing (forward / backward, per "
+                      "seed) at the end of training (the last logged interval) and the highest "
+                      "logged on the way, with the update it was logged at (—: a run trained "
+                      "before the gains of every logged update were recorded):", "",
+                      "| row | at the end | highest (update) |", "|---|---|---|"]
+            for row in gains:
+                ends, peaks = table[row]["amax_gain"], table[row]["amax_gain_peak"]
+                end_cells = [f"{g.get('amax_gain_forward', float('nan')):.3f} / "
+                             f"{g.get('amax_gain_backward', float('nan')):.3f}"
+                             for g in ends if g]
+                peak_cells = ["—" if p is None else " / ".join(
+                    f"{p[key][0]:.3f} ({p[key][1]:,})" if key in p else "—"
+                    for key in ("amax_gain_forward", "amax_gain_backward"))
+                    for g, p in zip(ends, peaks) if g]
+                lines.append(f"| {row} | {'; '.join(end_cells)} | {'; '.join(peak_cells)} |")
         lines.append("")
         report["depths"][str(depth)] = table
         curves = {row: depth_curve(depth, row) for row in rows if row != BASELINE}
