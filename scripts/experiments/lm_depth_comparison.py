@@ -356,7 +356,7 @@ def training_log(log):
     they ended. A resumed run logs again the updates after its checkpoint: the last record of
     an update counts."""
     logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
-    losses, gains, curve = [], {}, {"update": []}
+    losses, curve = [], {"update": []}
     for update, record in sorted(logged.items()):
         losses.append(float(record["loss"]))
         now = {key.split("connection_")[-1]: float(value)
@@ -365,8 +365,10 @@ def training_log(log):
             curve["update"].append(update)
             for key, value in now.items():
                 curve.setdefault(key, []).append(value)
-        gains.update(now)
-    return losses, gains, curve if curve["update"] else None
+    if not curve["update"]:
+        return losses, {}, None
+    # the gains at the end: the curve's last values
+    return losses, {key: values[-1] for key, values in curve.items() if key != "update"}, curve
 
 
 def amax_gain_peak(curve):
@@ -709,15 +711,17 @@ def summarise(args, results, plan, matched_of=None):
                       "logged on the way, with the update it was logged at (—: a run trained "
                       "before the gains of every logged update were recorded):", "",
                       "| row | at the end | highest (update) |", "|---|---|---|"]
+            directions = ("amax_gain_forward", "amax_gain_backward")
             for row in gains:
-                ends, peaks = table[row]["amax_gain"], table[row]["amax_gain_peak"]
-                end_cells = [f"{g.get('amax_gain_forward', float('nan')):.3f} / "
-                             f"{g.get('amax_gain_backward', float('nan')):.3f}"
-                             for g in ends if g]
-                peak_cells = ["—" if p is None else " / ".join(
-                    f"{p[key][0]:.3f} ({p[key][1]:,})" if key in p else "—"
-                    for key in ("amax_gain_forward", "amax_gain_backward"))
-                    for g, p in zip(ends, peaks) if g]
+                end_cells, peak_cells = [], []
+                for end, peak in zip(table[row]["amax_gain"], table[row]["amax_gain_peak"]):
+                    if not end:
+                        continue
+                    end_cells.append(" / ".join(f"{end.get(key, float('nan')):.3f}"
+                                                for key in directions))
+                    peak_cells.append("—" if peak is None else " / ".join(
+                        f"{peak[key][0]:.3f} ({peak[key][1]:,})" if key in peak else "—"
+                        for key in directions))
                 lines.append(f"| {row} | {'; '.join(end_cells)} | {'; '.join(peak_cells)} |")
         lines.append("")
         report["depths"][str(depth)] = table
