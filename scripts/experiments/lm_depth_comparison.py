@@ -85,7 +85,8 @@ ROWS = {
                                                   "--embedding-loss", "mse"]),
 }
 # the rows of scripts/bench/depth.py that measure a row's time and memory, and the committed
-# runs of it that hold them (each row in one of them)
+# runs of it that hold them (each row and depth in one of them; the 4 and 12 blocks of the
+# 800-update comparison in the first two, the 8,000-update comparison's 8 blocks in the third)
 BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "lrf_all_positions": "lrf_all_positions", "hc_static": "hc_static_n4",
               "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
@@ -93,7 +94,8 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "attn_res_block": "attn_res_block",
               "mudd": "mudd", "value_residual": "value_residual",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
-BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json")
+BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json",
+               "bench_depth_d8_cpu.json")
 # the fewest seeds on either side of a test that give a verdict: the three; with two, a
 # bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
 # variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise
@@ -588,7 +590,7 @@ def summarise(args, results, plan, matched_of=None):
              "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
              "same seed (the same data order), in the order of the seeds column; time and "
              "memory: scripts/bench/depth.py at the same depth "
-             f"({' and '.join('results/' + n for n in BENCH_FILES)}; none: not benchmarked).",
+             f"({', '.join('results/' + n for n in BENCH_FILES)}; none: not benchmarked).",
              ""]
 
     def finished(depth, row):  # the seeds of a row that have a result (all, unless partial)
