@@ -498,6 +498,29 @@ def test_each_row_is_benchmarked_as_it_is_trained():
             depth.sizes(arch, 128, 12) + bench_flags, row
 
 
+@pytest.mark.parametrize("runs", ["lm_depth_runs", "lm_depth_runs_8k"])
+def test_every_committed_row_has_its_time_and_memory_measured(runs):
+    """Each (depth, row) with committed runs finds its bench measurement in the files the report
+    reads (BENCH_FILES): a bench file missing from that list, or a depth trained but never
+    benchmarked, would print "—" in the report's time and memory columns."""
+    root = os.path.join(paths.RESULTS, runs)
+    if not os.path.isdir(root):
+        pytest.skip(f"results/{runs} is not committed in this checkout")
+    bench = comparison.bench_ratios()
+    checked = 0
+    for depth_dir in sorted(os.listdir(root)):
+        if not os.path.isdir(os.path.join(root, depth_dir)):  # dictionary.sha256
+            continue
+        for row in sorted(os.listdir(os.path.join(root, depth_dir))):
+            if row not in comparison.BENCH_ROWS:  # a matched baseline: its row is the plain one
+                continue
+            measured = bench.get(depth_dir[1:], {}).get(comparison.BENCH_ROWS[row], {})
+            assert measured.get("train_time_ratio") is not None, (depth_dir, row)
+            assert measured.get("memory_growth_ratio") is not None, (depth_dir, row)
+            checked += 1
+    assert checked >= 3
+
+
 def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         lm_bin, tmp_path, monkeypatch):
     common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
