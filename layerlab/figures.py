@@ -159,7 +159,10 @@ def _save(fig, out, title=None):
 def curve_differences(panels, out, title=None, ylabel="Δ validation bits vs the baseline"):
     """Learning curves as differences from a baseline: one panel per (label, {row: (updates,
     mean, low, high)}), each row a line (its mean over seeds) with a band (``low`` .. ``high``,
-    e.g. the seeds' range), a dotted zero line (the baseline). False when no panel has a row."""
+    e.g. the seeds' range), a dotted zero line (the baseline). A row has one colour and line
+    style in every panel (panels may hold different rows: a deeper depth with fewer finished),
+    and the one legend, beside the last panel, names every row of every panel. False when no
+    panel has a row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,16 +171,24 @@ def curve_differences(panels, out, title=None, ylabel="Δ validation bits vs the
     panels = [(label, rows) for label, rows in panels if rows]
     if not panels:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
+    order = list(dict.fromkeys(row for _, rows in panels for row in rows))  # first seen first
     colours = plt.get_cmap("tab20")
+    # tab20 pairs a dark and a light shade of each hue; the rows after the tenth are dashed, a
+    # second cue beside the colour in a panel of many rows
+    style = {row: dict(color=colours(k % 20), linestyle="-" if k < 10 else "--")
+             for k, row in enumerate(order)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
+    handles = {}
     for ax, (label, rows) in zip(axes[0], panels):
-        for k, (row, (updates, mean, low, high)) in enumerate(rows.items()):
-            colour = colours(k % 20)
-            ax.plot(updates, mean, marker="o", markersize=3, linewidth=1, color=colour,
-                    linestyle="-" if k < 10 else "--", label=row)
-            ax.fill_between(updates, low, high, color=colour, alpha=0.15, linewidth=0)
+        for row, (updates, mean, low, high) in rows.items():
+            (line,) = ax.plot(updates, mean, marker="o", markersize=3, linewidth=1, label=row,
+                              **style[row])
+            handles.setdefault(row, line)
+            ax.fill_between(updates, low, high, color=style[row]["color"], alpha=0.15,
+                            linewidth=0)
         ax.axhline(0, color="black", linestyle=":", linewidth=1)
         ax.set(xlabel="updates", ylabel=ylabel, title=label)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    axes[0][-1].legend([handles[row] for row in order], order, fontsize=6, loc="upper left",
+                       bbox_to_anchor=(1.02, 1.0))
     return _save(fig, out, title)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from layerlab import paths, warm
+from layerlab import figures, paths, warm
 
 comparison = paths.load_script("experiments", "lm_depth_comparison.py")
 TINY = ["--depths", "2", "--seeds", "1", "--updates", "2", "--embed-dim", "16"]
@@ -496,6 +496,34 @@ def test_each_row_is_benchmarked_as_it_is_trained():
         assert arch == bench_arch, row
         assert [f for f in flags if f != "--log-layer-weights"] == \
             depth.sizes(arch, 128, 12) + bench_flags, row
+
+
+def test_the_curves_figure_keeps_a_row_s_colour_across_depths_and_names_every_row(
+        tmp_path, monkeypatch):
+    """The deeper panel holds fewer rows while its runs go on (and in another order): a row is
+    drawn alike in both panels, and the legend names the rows of both, not the last panel's."""
+    drawn = {}
+
+    def keep(fig, out, title=None):
+        drawn["fig"] = fig
+        return True
+
+    monkeypatch.setattr(figures, "_save", keep)
+    curve = ([800, 1600], [-0.1, -0.05], [-0.12, -0.06], [-0.08, -0.04])
+    shallow = {row: curve for row in ("a", "b", "c", "d")}
+    deep = {"c": curve, "a": curve}
+    assert figures.curve_differences([("4 blocks", shallow), ("8 blocks", deep)],
+                                     str(tmp_path / "curves.png"))
+    left, right = drawn["fig"].axes[:2]
+    styles = [{line.get_label(): (line.get_color(), line.get_linestyle())
+               for line in ax.get_lines() if not line.get_label().startswith("_")}
+              for ax in (left, right)]
+    assert list(styles[1]) == ["c", "a"]
+    for row in styles[1]:
+        assert styles[1][row] == styles[0][row], row
+    assert len(set(styles[0].values())) == 4  # four rows, four looks
+    legend = right.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ["a", "b", "c", "d"]
 
 
 @pytest.mark.parametrize("runs", ["lm_depth_runs", "lm_depth_runs_8k"])
