@@ -540,7 +540,7 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
         if not os.path.isdir(os.path.join(root, depth_dir)):  # dictionary.sha256
             continue
         for row in sorted(os.listdir(os.path.join(root, depth_dir))):
-            if row not in comparison.BENCH_ROWS:  # a matched baseline: its row is the plain one
+            if row not in comparison.BENCH_ROWS:  # a matched baseline: not benchmarked (—)
                 continue
             measured = bench.get(depth_dir[1:], {}).get(comparison.BENCH_ROWS[row], {})
             assert measured.get("train_time_ratio") is not None, (depth_dir, row)
