@@ -114,10 +114,9 @@ def layer_profiles(rows, out, title=None, offsets=None):
     if not rows:
         return False
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    colours = plt.get_cmap("tab20")
-    for k, (label, analysis) in enumerate(rows):
-        style = dict(color=colours(k % 20), marker="o", markersize=3, linewidth=1,
-                     linestyle="-" if k < 10 else "--", label=label)
+    looks = _row_styles([label for label, _ in rows])
+    for label, analysis in rows:
+        style = dict(marker="o", markersize=3, linewidth=1, label=label, **looks[label])
         below = (offsets or {}).get(label, 0)
         lens = analysis["logit_lens"]  # from block 1's output (the embedding's is far off)
         axes[0].plot([below + i for i in lens["layers"][1:]],
@@ -141,6 +140,17 @@ def layer_profiles(rows, out, title=None, offsets=None):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, out, title)
+
+
+def _row_styles(labels):
+    """{label: its colour and line style}, in the order given: tab20's colours (a dark and a
+    light shade of each hue), the labels after the tenth dashed, a second cue beside the colour
+    in a figure of many rows."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab20")
+    return {label: dict(color=colours(k % 20), linestyle="-" if k < 10 else "--")
+            for k, label in enumerate(labels)}
 
 
 def _save(fig, out, title=None):
@@ -172,11 +182,7 @@ def curve_differences(panels, out, title=None, ylabel="Δ validation bits vs the
     if not panels:
         return False
     order = list(dict.fromkeys(row for _, rows in panels for row in rows))  # first seen first
-    colours = plt.get_cmap("tab20")
-    # tab20 pairs a dark and a light shade of each hue; the rows after the tenth are dashed, a
-    # second cue beside the colour in a panel of many rows
-    style = {row: dict(color=colours(k % 20), linestyle="-" if k < 10 else "--")
-             for k, row in enumerate(order)}
+    style = _row_styles(order)
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
     handles = {}
     for ax, (label, rows) in zip(axes[0], panels):
