@@ -4,6 +4,7 @@ baseline); finished runs are not trained again, an interrupted one is."""
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -758,3 +759,62 @@ def test_both_budgets_within_the_runs_are_tested_on_the_seeds_with_the_point(tmp
     for seed in (1, 2, 3):
         os.remove(tmp_path / "d2" / "baseline" / f"seed{seed}" / "test_blocks_4.npy")
     assert comparison.within_run_lines(args, report) == ({}, [])
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for python in scripts/experiments/lm_depth_long.sh: logs each call; the deeper depth
+# is 8; the stage whose arguments contain $KEEPS_IN (if set) keeps the file $KEEPS (touch)
+echo "$*" >> "$FAKE_LOG"
+case "$*" in
+    *layerlab.depth_choice*) echo 8 ;;
+    *--report-only*) ;;
+    *)  if [ -n "${KEEPS_IN:-}" ] && [[ "$*" == *"$KEEPS_IN"* ]]; then
+            mkdir -p "$(dirname "$KEEPS")" && touch -d "$KEEPS_TIME" "$KEEPS"
+        fi ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("keeps_in,keeps,reports", [
+    # a restart passing over finished stages: the last stage's report alone
+    (None, None, ["final"]),
+    # stage 1 keeps a new run: its report, then the last one
+    ("--depths 4,8,12 --seeds 1 ", "d4/baseline/seed1/result.json", ["after stage 1", "final"]),
+    # stage 2 adds test blocks to a kept run (a new --test-at point)
+    ("--depths 4 --seeds 1 ", "d4/dwa/seed1/test_blocks_800.npy", ["after stage 2", "final"]),
+    # stage 2 rewrites a kept file (the same name, a new time)
+    ("--depths 4 --seeds 1 ", "d4/dwa/seed1/result.json", ["after stage 2", "final"]),
+])
+def test_the_long_script_reports_between_stages_only_what_is_new(tmp_path, keeps_in, keeps,
+                                                                    reports):
+    """A restart of the long script must not rewrite the committed report for nothing (it would
+    change its header alone): a stage that kept no new or changed file writes no report."""
+    root = tmp_path / "repo"
+    (root / "scripts" / "experiments").mkdir(parents=True)
+    shutil.copy(paths.script("experiments", "lm_depth_long.sh"), root / "scripts" / "experiments")
+    kept = root / "results" / "lm_depth_runs_8k" / "d4" / "dwa" / "seed1"
+    kept.mkdir(parents=True)
+    (kept / "result.json").write_text("{}")
+    os.utime(kept / "result.json", (1e9, 1e9))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
+           "OUT": str(tmp_path / "out"), "KEEPS_TIME": "2020-01-01"}
+    if keeps_in:
+        env.update(KEEPS_IN=keeps_in, KEEPS=str(root / "results" / "lm_depth_runs_8k" / keeps))
+    proc = subprocess.run(["bash", str(root / "scripts" / "experiments" / "lm_depth_long.sh")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in log.read_text().splitlines() if "lm_depth_comparison.py" in c]
+    stage = {"--depths 4,8,12 --seeds 1 ": "stage 1", "--depths 4 --seeds 1 ": "stage 2",
+             "--depths 4,8 --seeds 1,2,3 ": "stage 3"}
+    seen, last = [], None
+    for call in calls:
+        if "--report-only" in call:
+            seen.append("final" if last == "stage 3" else f"after {last}")
+        else:
+            last = next(name for flags, name in stage.items() if flags in call)
+    assert seen == reports

@@ -9,10 +9,11 @@
 #   3. every row at 4 blocks and the deeper depth, seeds 1, 2, 3, seed by seed.
 # Each stage skips what is finished (result.json), continues an interrupted run from its last
 # checkpoint (every 100 updates) and keeps every finished run in results/lm_depth_runs_8k (commit
-# it). After each stage one report over every finished run (every row, 4, 8 and 12 blocks, each
-# row over the seeds it has; against the 800-update report and runs) is written to
-# results/lm_depth_comparison_8k_cpu.{json,md}: a stage's own tables (in OUT) hold only its
-# plan, so a restart of stage 1 would otherwise replace the committed report by the baselines'.
+# it). After each stage that kept something new, one report over every finished run (every
+# row, 4, 8 and 12 blocks, each row over the seeds it has; against the 800-update report and
+# runs) is written to results/lm_depth_comparison_8k_cpu.{json,md}: a stage's own tables (in
+# OUT) hold only its plan, so a restart of stage 1 would otherwise replace the committed report
+# by the baselines'.
 # Stages 2 and 3 also score the test set at update 800 (--test-at 800: the 800-update
 # comparison's budget, within the same runs; a run finished without it trains its first 800
 # updates again, checked against its curve), so that the report compares the two budgets at
@@ -46,16 +47,26 @@ main() {
         report
         exit
     fi
-    # between stages a failed report stops no training: the runs matter more than their tables
+    # between stages a failed report stops no training: the runs matter more than their tables.
+    # A stage that kept nothing new (a restart passing over what is done) writes no report: it
+    # would change only the report's header (the commit that wrote it), leaving the committed
+    # report modified with nothing new in it. What is kept: every file in KEEP, with its time
+    # (a finished run, test blocks at an added --test-at point, a recovery's mismatch)
+    finished() { find "$KEEP" -type f -printf '%p %T@\n' 2>/dev/null | sort | cksum; }
     report_between() {
+        if [ "$(finished)" = "$1" ]; then
+            return
+        fi
         report || echo "lm_depth_long.sh: the report failed; training goes on" >&2
     }
+    before=$(finished)
     compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
-    report_between
+    report_between "$before"
     DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
     echo "the deeper depth: $DEEP blocks" >&2
+    before=$(finished)
     compare --rows "$ROWS" --depths 4 --seeds 1 --test-at 800
-    report_between
+    report_between "$before"
     compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3 --test-at 800
     report
 }
