@@ -52,19 +52,19 @@ main() {
     # would change only the report's header (the commit that wrote it), leaving the committed
     # report modified with nothing new in it. What is kept: every file in KEEP, with its time
     # (a finished run, test blocks at an added --test-at point, a recovery's mismatch)
-    finished() { find "$KEEP" -type f -printf '%p %T@\n' 2>/dev/null | sort | cksum; }
+    kept() { find "$KEEP" -type f -printf '%p %T@\n' 2>/dev/null | sort | cksum; }
     report_between() {
-        if [ "$(finished)" = "$1" ]; then
+        if [ "$(kept)" = "$1" ]; then
             return
         fi
         report || echo "lm_depth_long.sh: the report failed; training goes on" >&2
     }
-    before=$(finished)
+    before=$(kept)
     compare --rows baseline --depths 4,8,12 --seeds 1 --no-matched-baselines
     report_between "$before"
     DEEP=${DEEP:-$(python -m layerlab.depth_choice "$KEEP" --shallow 4 --candidates 8,12)}
     echo "the deeper depth: $DEEP blocks" >&2
-    before=$(finished)
+    before=$(kept)
     compare --rows "$ROWS" --depths 4 --seeds 1 --test-at 800
     report_between "$before"
     compare --rows "$ROWS" --depths "4,$DEEP" --seeds 1,2,3 --test-at 800
