@@ -110,7 +110,7 @@ def check_kept_runs(argv, kept, first_out, monkeypatch, capsys):
     run = kept / "d2" / "mhc_lite" / "seed1"
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
         "analysis/analysis.json", "result.json", "test_blocks.npy"]
-    assert (kept / "dictionary.sha256").exists()
+    stamp = (kept / "dictionary.sha256").stat()
 
     def no_training(cmd, log=None, append=False, on_cpu=None):
         raise AssertionError(f"trained again: {cmd}")
@@ -126,6 +126,8 @@ def check_kept_runs(argv, kept, first_out, monkeypatch, capsys):
     report = first_out.parent / "report"
     assert comparison.main([*argv, "--out-dir", str(report), "--report-only"]) == 0
     assert json.loads((report / "results.json").read_text())["depths"] == first["depths"]
+    # the dictionary stamp is written once, not again by each comparison passing over the runs
+    assert (kept / "dictionary.sha256").stat().st_mtime_ns == stamp.st_mtime_ns
     # kept runs made with another dictionary are refused before anything runs
     (kept / "dictionary.sha256").write_text("0" * 64 + "\n")
     capsys.readouterr()

@@ -238,10 +238,15 @@ def check_inputs(args):
                 raise InputError(f"{args.data} was prepared with another dictionary than the "
                                  f"runs in {folder} (dict.txt sha256 {digest[:12]}, the runs' "
                                  f"{started[:12]}): use that data or another {flag}")
+    # written once: an existing stamp holds this digest (checked above), and rewriting it
+    # would change the kept folder's file times with nothing new in it (lm_depth_long.sh
+    # writes a report between stages only when a kept file changed)
     for folder, _ in folders:
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "dictionary.sha256"), "w") as f:
-            f.write(digest + "\n")
+        stamp = os.path.join(folder, "dictionary.sha256")
+        if not os.path.exists(stamp):
+            with open(stamp, "w") as f:
+                f.write(digest + "\n")
 
 
 def score_blocks(checkpoint, data, subset, device="cpu"):
