@@ -757,6 +757,20 @@ def test_both_budgets_within_the_runs_are_tested_on_the_seeds_with_the_point(tmp
     assert row.startswith(f"| a (seeds 1,3) | {expected[0]['difference']:+.4f} [")
     assert f"| {expected[1]['difference']:+.4f} [" in row
     assert "(the baseline's: 1,2,3)" in "\n".join(lines)
+    # beside the tests, each shared seed's difference at the point and at the end (test bits:
+    # the blocks' summed bits over their summed tokens), so seed 1 against seed 1 stays
+    # readable while the baseline has more seeds than the row
+
+    def bits(row, seed, name):
+        return blocks[(row, seed, name)][:, 0].sum() / blocks[(row, seed, name)][:, 1].sum()
+
+    by_seed = {str(s): [bits("a", s, n) - bits("baseline", s, n)
+                        for n in ("test_blocks_4.npy", "test_blocks.npy")] for s in (1, 3)}
+    assert within["4"]["2"]["by_seed"] == {"a (seeds 1,3)": {
+        s: [round(x, 4) for x in pair] for s, pair in by_seed.items()}}
+    assert all(x < -0.3 and y < -0.2 for x, y in by_seed.values())  # the planted shift
+    assert row.endswith(" | " + " / ".join(f"{s}: {x:+.3f} → {y:+.3f}"
+                                           for s, (x, y) in by_seed.items()) + " |")
     # without the baseline's scores at the point nothing is compared
     for seed in (1, 2, 3):
         os.remove(tmp_path / "d2" / "baseline" / f"seed{seed}" / "test_blocks_4.npy")

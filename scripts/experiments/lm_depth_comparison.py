@@ -968,7 +968,7 @@ def within_run_lines(args, report):
             base = point_seeds(args, depth, BASELINE, table.get(BASELINE), update)
             if not base:
                 continue
-            tests, missing = {}, []
+            tests, missing, by_seed = {}, [], {}
             for row, e in table.items():
                 if "vs_baseline" not in e:
                     continue
@@ -980,6 +980,11 @@ def within_run_lines(args, report):
                     f"{row} (seeds {','.join(map(str, own))})")
                 tests[label] = (paired_test(*blocks_of(args, depth, row, own, base, update)),
                                 paired_test(*blocks_of(args, depth, row, own, base, None)))
+                # beside the test: each seed the row shares with the baseline (the same data
+                # order) at both budgets, so a move stays readable while the rows' seeds differ
+                by_seed[label] = {str(s): (seed_difference(args, depth, row, s, update),
+                                           seed_difference(args, depth, row, s, None))
+                                  for s in own if s in base}
             if not tests and not missing:
                 continue
             title = f"### {update} against {args.updates} updates within the runs, {depth} blocks"
@@ -989,7 +994,9 @@ def within_run_lines(args, report):
                     f"update {update} (`--test-at`) and at the end: the same runs and seeds at "
                     f"both budgets (the baseline's: {','.join(map(str, base))}); 95% intervals "
                     "of the hierarchical bootstrap; moved: lower / higher when the two intervals "
-                    "are apart.", update, args.updates, tests)
+                    "are apart; by seed: the row's test bits minus the baseline's of the same "
+                    f"seed, at update {update} → at the end.", update, args.updates, tests,
+                    by_seed)
             else:
                 table_entry, more = {}, [title, ""]
             if missing:
@@ -1023,20 +1030,35 @@ def blocks_of(args, depth, row, seeds, base_seeds, update):
                   for s in seeds] for r, seeds in ((row, seeds), (BASELINE, base_seeds)))
 
 
-def moves_table(title, caption, short_updates, long_updates, tests):
+def seed_difference(args, depth, row, seed, update):
+    """The row's test bits minus the baseline's of the same seed, at ``update`` (None: at the
+    end), from their test blocks (as ``significance.score`` sums them); unrounded, so that the
+    table's three decimals are not rounded twice."""
+    (own,), (base,) = blocks_of(args, depth, row, [seed], [seed], update)
+    return float(significance.score("bits", own) - significance.score("bits", base))
+
+
+def moves_table(title, caption, short_updates, long_updates, tests, by_seed=None):
     """A row's difference from the baseline at two budgets, ``tests`` {row: (shorter budget's
     ``vs_baseline`` test, longer budget's)}: the markdown table with how each moved, and
-    Spearman's rank correlation of the two rankings (three rows or more). -> ({moved,
-    spearman}, markdown lines)."""
+    Spearman's rank correlation of the two rankings (three rows or more). ``by_seed`` {row:
+    {seed: (difference at the shorter budget, at the longer)}}: a column and a JSON entry
+    beside the tests (None: neither). -> ({moved, spearman[, by_seed]}, markdown lines)."""
+    seed_column = by_seed is not None
     lines = [title, "", caption, "",
-             f"| row | Δ at {short_updates} [95%] | Δ at {long_updates} [95%] | moved |",
-             "|---|---:|---:|---|"]
+             f"| row | Δ at {short_updates} [95%] | Δ at {long_updates} [95%] | moved |"
+             + (" by seed |" if seed_column else ""),
+             "|---|---:|---:|---|" + ("---:|" if seed_column else "")]
     moves = {}
     for row, (a, b) in tests.items():
         moves[row] = change_between_budgets(a, b)
+        seeds = ""
+        if seed_column:
+            seeds = " " + (" / ".join(f"{s}: {x:+.3f} → {y:+.3f}"
+                                      for s, (x, y) in by_seed.get(row, {}).items()) or "—") + " |"
         lines.append(f"| {row} | {a['difference']:+.4f} [{a['low']:+.4f}, {a['high']:+.4f}] "
                      f"| {b['difference']:+.4f} [{b['low']:+.4f}, {b['high']:+.4f}] | "
-                     f"{moves[row]} |")
+                     f"{moves[row]} |{seeds}")
     spearman = None
     if len(tests) >= 3:
         ranks = [np.argsort(np.argsort([t[k]["difference"] for t in tests.values()]))
@@ -1044,7 +1066,11 @@ def moves_table(title, caption, short_updates, long_updates, tests):
         spearman = round(float(np.corrcoef(*ranks)[0, 1]), 3)
         lines += ["", f"Spearman's rank correlation of the two budgets' rankings: "
                   f"{spearman:+.2f} over {len(tests)} rows."]
-    return {"moved": moves, "spearman": spearman}, lines + [""]
+    entry = {"moved": moves, "spearman": spearman}
+    if seed_column:
+        entry["by_seed"] = {row: {s: [round(x, 4) for x in pair]
+                                  for s, pair in by_seed.get(row, {}).items()} for row in tests}
+    return entry, lines + [""]
 
 
 def reproduction_lines(args, results):
