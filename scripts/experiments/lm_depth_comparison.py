@@ -978,13 +978,12 @@ def within_run_lines(args, report):
                     continue
                 label = row if len(own) == len(converged_seeds(e)) else (
                     f"{row} (seeds {','.join(map(str, own))})")
-                tests[label] = (paired_test(*blocks_of(args, depth, row, own, base, update)),
-                                paired_test(*blocks_of(args, depth, row, own, base, None)))
+                point, end = (blocks_of(args, depth, row, own, base, at) for at in (update, None))
+                tests[label] = (paired_test(*point), paired_test(*end))
                 # beside the test: each seed the row shares with the baseline (the same data
                 # order) at both budgets, so a move stays readable while the rows' seeds differ
-                by_seed[label] = {str(s): (seed_difference(args, depth, row, s, update),
-                                           seed_difference(args, depth, row, s, None))
-                                  for s in own if s in base}
+                at_point, at_end = (seed_differences(own, base, *b) for b in (point, end))
+                by_seed[label] = {s: (at_point[s], at_end[s]) for s in at_point}
             if not tests and not missing:
                 continue
             title = f"### {update} against {args.updates} updates within the runs, {depth} blocks"
@@ -1030,12 +1029,14 @@ def blocks_of(args, depth, row, seeds, base_seeds, update):
                   for s in seeds] for r, seeds in ((row, seeds), (BASELINE, base_seeds)))
 
 
-def seed_difference(args, depth, row, seed, update):
-    """The row's test bits minus the baseline's of the same seed, at ``update`` (None: at the
-    end), from their test blocks (as ``significance.score`` sums them); unrounded, so that the
-    table's three decimals are not rounded twice."""
-    (own,), (base,) = blocks_of(args, depth, row, [seed], [seed], update)
-    return float(significance.score("bits", own) - significance.score("bits", base))
+def seed_differences(seeds, base_seeds, row_blocks, base_blocks):
+    """{seed: the row's test bits minus the baseline's of the same seed} over the seeds both
+    have (``row_blocks`` / ``base_blocks``: per-seed test blocks in the order of ``seeds`` /
+    ``base_seeds``, as ``blocks_of`` gives them), scored as ``significance.score`` sums them;
+    unrounded, so that the table's three decimals are not rounded twice."""
+    base = dict(zip(base_seeds, base_blocks))
+    return {str(s): float(significance.score("bits", b) - significance.score("bits", base[s]))
+            for s, b in zip(seeds, row_blocks) if s in base}
 
 
 def moves_table(title, caption, short_updates, long_updates, tests, by_seed=None):
