@@ -186,6 +186,10 @@ def test_a_tiny_comparison_runs_resumes_and_tests_against_the_baseline(lm_bin, t
         out / "results.md").read_text()
     # beside it, the difference at each seed both rows have (one here: the same number)
     assert vs["by_seed"] == {"1": pytest.approx(vs["difference"], abs=2e-4)}
+    # stored at the five decimals of the runs' own test bits, so that the difference is exact
+    # and the table's three decimals are rounded once (at four they were rounded twice)
+    base_result = json.loads((out / "d2" / "baseline" / "seed1" / "result.json").read_text())
+    assert vs["by_seed"]["1"] == round(result["test_bits"] - base_result["test_bits"], 5)
     assert f"| not judged (1 seed) | {vs['by_seed']['1']:+.3f} |" in (
         out / "results.md").read_text()
     assert "| mhc_lite |" in (out / "results.md").read_text()
@@ -767,7 +771,7 @@ def test_both_budgets_within_the_runs_are_tested_on_the_seeds_with_the_point(tmp
     by_seed = {str(s): [bits("a", s, n) - bits("baseline", s, n)
                         for n in ("test_blocks_4.npy", "test_blocks.npy")] for s in (1, 3)}
     assert within["4"]["2"]["by_seed"] == {"a (seeds 1,3)": {
-        s: [round(x, 4) for x in pair] for s, pair in by_seed.items()}}
+        s: [round(x, 5) for x in pair] for s, pair in by_seed.items()}}
     assert all(x < -0.3 and y < -0.2 for x, y in by_seed.values())  # the planted shift
     assert row.endswith(" | " + " / ".join(f"{s}: {x:+.3f} → {y:+.3f}"
                                            for s, (x, y) in by_seed.items()) + " |")

@@ -671,11 +671,12 @@ def summarise(args, results, plan, matched_of=None):
             if row != BASELINE and ok and base:
                 entry["vs_baseline"] = paired_test(blocks(depth, row), base)
                 # beside the test: the difference at each seed the two rows share (the same seed
-                # is the same data order): whether the sign holds seed by seed
+                # is the same data order): whether the sign holds seed by seed. Five decimals,
+                # those of the runs' test bits: exact, so the table's three are rounded once
                 shared = set(converged(depth, BASELINE))
                 entry["vs_baseline"]["by_seed"] = {
                     str(s): round(results[(depth, row, s)]["test_bits"]
-                                  - results[(depth, BASELINE, s)]["test_bits"], 4)
+                                  - results[(depth, BASELINE, s)]["test_bits"], 5)
                     for s in converged(depth, row) if s in shared}
                 entry["vs_baseline_paired"] = paired(depth, row)
             matched = matched_of.get((depth, row))
@@ -1069,7 +1070,8 @@ def moves_table(title, caption, short_updates, long_updates, tests, by_seed=None
                   f"{spearman:+.2f} over {len(tests)} rows."]
     entry = {"moved": moves, "spearman": spearman}
     if seed_column:
-        entry["by_seed"] = {row: {s: [round(x, 4) for x in pair]
+        # five decimals as every bits field: reading them to three agrees with the table's
+        entry["by_seed"] = {row: {s: [round(x, 5) for x in pair]
                                   for s, pair in by_seed.get(row, {}).items()} for row in tests}
     return entry, lines + [""]
 
