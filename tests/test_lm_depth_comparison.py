@@ -415,6 +415,16 @@ def test_the_cpu_time_is_measured_where_counted_and_estimated_from_the_same_rows
     _, lines = comparison.cpu_time(dict([run(4, "baseline", 1, None)]), updates=100)
     assert lines[2].startswith("No run's CPU time is complete yet. Not estimated (no complete "
                                "run of the same row and depth yet): baseline at 4 blocks, seed 1.")
+    # runs that trained before the count was kept (no field at all): one line, not each run,
+    # while the JSON still names them; one counted run among them brings the list back
+    older = {key: {k: v for k, v in r.items() if k != "train_cpu_seconds"}
+             for key, r in results.items()}
+    entry, lines = comparison.cpu_time(older, updates=100)
+    assert lines[2] == "Not recorded: the 5 runs trained before their CPU time was counted."
+    assert entry["measured_runs"] == 0 and len(entry["not_estimated"]) == 5
+    _, lines = comparison.cpu_time({**older, **dict([run(4, "mhc", 1, 7200.0)])}, updates=100)
+    assert lines[2].startswith("Training took 2.0 core-hours for 1 runs") and \
+        "Not estimated" in lines[2]
 
 
 def test_the_amax_gain_is_kept_at_every_logged_update_and_its_peak_reported(tmp_path):

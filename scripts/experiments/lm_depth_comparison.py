@@ -774,6 +774,11 @@ def cpu_time(results, updates):
     entry = {"measured_core_hours": round(measured / 3600, 2), "measured_runs": len(complete),
              "estimated_core_hours": round(sum(estimated) / 3600, 2),
              "estimated_runs": len(estimated), "not_estimated": missing}
+    entry["machines"], machine_text = machines_used(results)
+    if results and all("train_cpu_seconds" not in r for r in results.values()):
+        # every run older than the count (the 800-update comparison's): one line, not each run
+        return entry, ["### CPU time", "", f"Not recorded: the {len(results)} runs trained "
+                       "before their CPU time was counted.", "", machine_text, ""]
     if not complete:
         text = "No run's CPU time is complete yet"
     else:
@@ -787,7 +792,6 @@ def cpu_time(results, updates):
     if missing:
         text += (f" Not estimated (no complete run of the same row and depth yet): "
                  f"{'; '.join(missing)}.")
-    entry["machines"], machine_text = machines_used(results)
     return entry, ["### CPU time", "", text + " The scoring and the curves are not counted "
                    "(about 5% more).", "", machine_text, ""]
 
