@@ -566,6 +566,42 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
     assert checked >= 3
 
 
+@pytest.mark.parametrize("report, runs", [("lm_depth_comparison_cpu", "lm_depth_runs"),
+                                          ("lm_depth_comparison_8k_cpu", "lm_depth_runs_8k")])
+def test_the_committed_reports_differences_seed_by_seed_are_their_runs(report, runs):
+    """The committed report's Δ by seed, in its JSON and in its table, is the committed runs'
+    test bits minus the baseline's of the same seed, rounded once: at five decimals in the
+    JSON, at three in the table (a report written by an older script, or from runs changed since,
+    fails here)."""
+    path = os.path.join(paths.RESULTS, report)
+    if not (os.path.isfile(path + ".json") and os.path.isdir(os.path.join(paths.RESULTS, runs))):
+        pytest.skip(f"results/{report} or results/{runs} is not committed in this checkout")
+    with open(path + ".json") as f:
+        depths = json.load(f)["depths"]
+    with open(path + ".md") as f:
+        table = f.read()
+
+    def test_bits(depth, row, seed):
+        with open(os.path.join(paths.RESULTS, runs, f"d{depth}", row, f"seed{seed}",
+                               "result.json")) as f:
+            return json.load(f)["test_bits"]
+    checked = 0
+    for depth, rows in depths.items():
+        section = table.split(f"### {depth} blocks\n", 1)[1].split("\n### ", 1)[0]
+        for row, entry in rows.items():
+            by_seed = entry.get("vs_baseline", {}).get("by_seed")
+            if not by_seed:
+                continue
+            differences = {s: test_bits(depth, row, s) - test_bits(depth, "baseline", s)
+                           for s in by_seed}
+            assert by_seed == {s: round(d, 5) for s, d in differences.items()}, (depth, row)
+            cell = " / ".join(f"{d:+.3f}" for d in differences.values())
+            line = next(x for x in section.splitlines() if x.startswith(f"| {row} |"))
+            assert f"| {cell} |" in line, (depth, row)
+            checked += 1
+    assert checked >= 10
+
+
 def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         lm_bin, tmp_path, monkeypatch):
     common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
