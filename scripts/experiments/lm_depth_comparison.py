@@ -755,8 +755,9 @@ def cpu_time(results, updates):
     resumed run's): measured where a run's count is complete, estimated for a run whose count
     is not (a process of it ran before the count was kept, a null in its segments) as
     ``updates`` times the CPU seconds per update of the same row's complete runs at the same
-    depth; a run without such a twin is counted as not estimated. ``results`` {(depth, row,
-    seed): result}. -> (JSON entry, markdown lines)."""
+    depth; a run without such a twin is counted as not estimated, and runs that all trained
+    before the count was kept (none has the field) are said to be so in one line. ``results``
+    {(depth, row, seed): result}. -> (JSON entry, markdown lines)."""
     complete = [r for r in results.values() if r.get("train_cpu_seconds") is not None]
     per_update = {}
     for r in complete:
@@ -1074,7 +1075,7 @@ def moves_table(title, caption, short_updates, long_updates, tests, by_seed=None
                   f"{spearman:+.2f} over {len(tests)} rows."]
     entry = {"moved": moves, "spearman": spearman}
     if seed_column:
-        # five decimals as every bits field: reading them to three agrees with the table's
+        # five decimals as every bits field (read to three, four decimals rounded twice)
         entry["by_seed"] = {row: {s: [round(x, 5) for x in pair]
                                   for s, pair in by_seed.get(row, {}).items()} for row in tests}
     return entry, lines + [""]
