@@ -19,7 +19,24 @@ is better).
 import numpy as np
 
 METRICS = ("exact_match", "bleu", "bits")
-DIGITS = {"exact_match": 2, "bleu": 2, "bits": 4}  # what the differences are rounded to
+# What a bootstrap's difference and interval are rounded to (the printed precision for BLEU and
+# exact match), and for bits the precisions they are read at: the tables print four decimals,
+# the docs quote three (see rounded()).
+DIGITS = {"exact_match": 2, "bleu": 2, "bits": 6}
+READ_AT = {"exact_match": (2,), "bleu": (2,), "bits": (3, 4)}
+
+
+def rounded(metric, value):
+    """``value`` rounded to ``DIGITS[metric]`` decimals, or to more where that many would make a
+    reading at one of ``READ_AT[metric]`` differ from the unrounded value's: 0.0545499 is kept
+    as 0.0545499, not 0.05455, which read to four decimals would give 0.0546 (rounded twice).
+    So a table or a text that rounds the stored number rounds once."""
+    value = float(value)
+    for digits in range(DIGITS[metric], 16):
+        stored = round(value, digits)
+        if all(round(stored, k) == round(value, k) for k in READ_AT[metric]):
+            return stored
+    return value
 
 
 def sentence_stats(metric, hypotheses, references):
@@ -63,9 +80,8 @@ def _sentences(row_runs, base_runs):
 def _interval(metric, observed, diffs):
     """A bootstrap's result: the observed difference and the 95% interval of ``diffs``."""
     low, high = np.percentile(diffs, [2.5, 97.5])
-    digits = DIGITS[metric]
-    return {"difference": round(float(observed), digits), "low": round(float(low), digits),
-            "high": round(float(high), digits), "larger_than_noise": bool(low > 0 or high < 0),
+    return {"difference": rounded(metric, observed), "low": rounded(metric, low),
+            "high": rounded(metric, high), "larger_than_noise": bool(low > 0 or high < 0),
             "replicates": len(diffs)}
 
 

@@ -199,13 +199,32 @@ def test_bits_per_token_bootstrap_pools_blocks_and_separates_a_small_lm_gain():
                           np.full(300, float(n))], axis=1) for o in offsets]
 
     base = runs_with([0.0, 0.005, -0.005])
-    better = significance.hierarchical_bootstrap("bits", runs_with([-0.02, -0.015, -0.025]),
-                                                 base, replicates=300)
+    row = runs_with([-0.02, -0.015, -0.025])
+    better = significance.hierarchical_bootstrap("bits", row, base, replicates=300)
     assert better["larger_than_noise"] and better["high"] < 0
-    assert better["difference"] == pytest.approx(-0.02, abs=2e-3)  # 4 decimals kept for bits
+    assert better["difference"] == pytest.approx(-0.02, abs=2e-3)
+    # stored to six decimals (four are printed), so that reading it to three or four rounds once
+    observed = (np.mean([significance.score("bits", r) for r in row])
+                - np.mean([significance.score("bits", r) for r in base]))
+    assert abs(better["difference"] - observed) <= 5e-7 and round(observed, 4) != observed
     spread = significance.hierarchical_bootstrap("bits", runs_with([-0.12, -0.02, 0.08]),
                                                  base, replicates=300)
     assert not spread["larger_than_noise"]
+
+
+def test_stored_bits_read_at_three_or_four_decimals_round_once():
+    """Six decimals, or more where six would end in the 5 that a reading at three or four
+    decimals rounds again (the wrong way when the value lies below it)."""
+    from layerlab import significance
+
+    assert significance.rounded("bits", 0.01234567) == 0.012346
+    assert significance.rounded("bits", -0.00468) == -0.00468
+    for value in (0.0545499, -0.0578499, 0.0124996, 0.05455001):
+        stored = significance.rounded("bits", value)
+        assert abs(stored - value) < 5e-7
+        assert f"{stored:.4f}" == f"{value:.4f}" and f"{stored:.3f}" == f"{value:.3f}"
+    assert significance.rounded("bits", 0.0545499) == 0.0545499  # six decimals: 0.05455
+    assert significance.rounded("bleu", 27.456) == 27.46  # BLEU is read at the stored two
 
 
 def test_the_paired_bootstrap_removes_what_a_seed_shares_between_rows():

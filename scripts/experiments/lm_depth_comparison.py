@@ -114,6 +114,13 @@ CPU_SECONDS = "cpu_seconds.json"
 # (a session's machine is not always the last one's), whose kernels sum in other orders
 MACHINES = "machines.json"
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
+# a run's bits (its validation and test scores, its curve points) as result.json stores them;
+# bootstrap results keep what significance.rounded gives (six decimals or more)
+RUN_BITS_DIGITS = 5
+# a learning curve's mean over seeds of runs' bits: six decimals hold a mean of one or two
+# seeds exactly, and one of three exactly or with a sixth decimal of 3 or 7 (a third of 1e-5),
+# never the 5 that a reading at four decimals would round again
+CURVE_DIGITS = RUN_BITS_DIGITS + 1
 HEADS, CONTEXT, BATCH = 4, 128, 16
 # glibc's malloc settings for the training processes: with its defaults every tensor above the
 # mmap threshold (the logits, their softmax and gradients) is mapped fresh and unmapped when
@@ -334,7 +341,8 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
             "--arch", arch, *model, *flags, "--save-interval-updates", 0]),
             os.path.join(scratch, "train.log"))
         checkpoint = os.path.join(scratch, "checkpoint_last.pt")
-        bits = round(significance.score("bits", score_blocks(checkpoint, args.data, "valid")), 5)
+        bits = round(significance.score("bits", score_blocks(checkpoint, args.data, "valid")),
+                     RUN_BITS_DIGITS)
         expected = result["curve"]["valid_bits"][result["curve"]["updates"].index(update)]
         if bits == expected:
             written = os.path.join(run_dir, name)
@@ -465,7 +473,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     for subset in ("valid", "test"):
         blocks = score_blocks(checkpoint, args.data, subset)
         np.save(os.path.join(run_dir, f"{subset}_blocks.npy"), blocks)
-        result[f"{subset}_bits"] = round(significance.score("bits", blocks), 5)
+        result[f"{subset}_bits"] = round(significance.score("bits", blocks), RUN_BITS_DIGITS)
         result[f"{subset}_ppl"] = round(2 ** result[f"{subset}_bits"], 3)
     result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
     if args.curve_interval:
@@ -513,7 +521,7 @@ def learning_curve(run_dir, args, final_valid_bits):
             raise runs.StepError(f"{run_dir}: no checkpoint at update {update} for the learning "
                                  "curve")
         blocks = score_blocks(kept[update], args.data, "valid")
-        bits.append(round(significance.score("bits", blocks), 5))
+        bits.append(round(significance.score("bits", blocks), RUN_BITS_DIGITS))
     return {"updates": points, "valid_bits": bits}
 
 
@@ -628,7 +636,8 @@ def summarise(args, results, plan, matched_of=None):
         deltas = np.array([np.subtract(own[s]["valid_bits"], base[s]["valid_bits"])
                            for s in seeds])
         return {"updates": own[seeds[0]]["updates"], "seeds": seeds,
-                **{f"delta_{k}": [round(float(x), 5) for x in f(deltas, axis=0)]
+                **{f"delta_{k}": [round(float(x), CURVE_DIGITS)
+                                   for x in f(deltas, axis=0)]
                    for k, f in (("mean", np.mean), ("low", np.min), ("high", np.max))}}
 
     def baseline_curves(depth):  # the baseline's learning curves (its converged seeds')
@@ -676,7 +685,7 @@ def summarise(args, results, plan, matched_of=None):
                 shared = set(converged(depth, BASELINE))
                 entry["vs_baseline"]["by_seed"] = {
                     str(s): round(results[(depth, row, s)]["test_bits"]
-                                  - results[(depth, BASELINE, s)]["test_bits"], 5)
+                                  - results[(depth, BASELINE, s)]["test_bits"], RUN_BITS_DIGITS)
                     for s in converged(depth, row) if s in shared}
                 entry["vs_baseline_paired"] = paired(depth, row)
             matched = matched_of.get((depth, row))
@@ -841,7 +850,8 @@ def baseline_across_depths(curves):
     for d, bits in means.items():
         lines.append(f"| {d} | {len(curves[d])} | " + " | ".join(f"{b:.4f}" for b in bits)
                      + f" | {'—' if d == shallow or below[d] is None else below[d]} |")
-    entry = {"updates": updates, "valid_bits": {str(d): [round(b, 5) for b in bits]
+    entry = {"updates": updates, "valid_bits": {str(d): [round(b, CURVE_DIGITS)
+                                                      for b in bits]
                                                 for d, bits in means.items()},
              "below_shallowest_from": {str(d): u for d, u in below.items()}}
     return entry, lines + [""]
@@ -1075,8 +1085,8 @@ def moves_table(title, caption, short_updates, long_updates, tests, by_seed=None
                   f"{spearman:+.2f} over {len(tests)} rows."]
     entry = {"moved": moves, "spearman": spearman}
     if seed_column:
-        # five decimals as every bits field (read to three, four decimals rounded twice)
-        entry["by_seed"] = {row: {s: [round(x, 5) for x in pair]
+        # two decimals more than the column's three, so that reading them to three rounds once
+        entry["by_seed"] = {row: {s: [round(x, RUN_BITS_DIGITS) for x in pair]
                                   for s, pair in by_seed.get(row, {}).items()} for row in tests}
     return entry, lines + [""]
 
