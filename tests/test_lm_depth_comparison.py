@@ -602,6 +602,46 @@ def test_the_committed_reports_differences_seed_by_seed_are_their_runs(report, r
     assert checked >= 10
 
 
+@pytest.mark.parametrize("report, runs", [("lm_depth_comparison_8k_cpu", "lm_depth_runs_8k")])
+def test_the_committed_reports_learning_curves_are_their_runs_rounded_once(report, runs):
+    """Each row's mean difference from the baseline on the committed report's learning curves is
+    the committed runs' curve points (five decimals) averaged over the row's seeds: exactly (six
+    decimals) in the JSON, and in the table that value rounded once to four decimals (a mean
+    stored at five and printed at four was rounded twice: -0.060345 printed as -0.0604); an
+    exact tie at four decimals may go either way."""
+    from decimal import Decimal
+
+    path = os.path.join(paths.RESULTS, report)
+    if not (os.path.isfile(path + ".json") and os.path.isdir(os.path.join(paths.RESULTS, runs))):
+        pytest.skip(f"results/{report} or results/{runs} is not committed in this checkout")
+    with open(path + ".json") as f:
+        curves = json.load(f)["curves"]
+    with open(path + ".md") as f:
+        table = f.read()
+
+    def curve(depth, row, seed):
+        with open(os.path.join(paths.RESULTS, runs, f"d{depth}", row, f"seed{seed}",
+                               "result.json")) as f:
+            return [Decimal(str(b)) for b in json.load(f)["curve"]["valid_bits"]]
+    checked = 0
+    for depth, rows in curves.items():
+        section = table.split(f"Learning curves at {depth} blocks:", 1)[1].split("\n\n", 2)[1]
+        for row, entry in rows.items():
+            seeds = entry["seeds"]
+            means = [sum(points) / len(seeds) for points in zip(*[
+                [r - b for r, b in zip(curve(depth, row, s), curve(depth, "baseline", s))]
+                for s in seeds])]
+            assert entry["delta_mean"] == [float(round(m, 6)) for m in means], (depth, row)
+            line = next(x for x in section.splitlines() if x.startswith(f"| {row} |"))
+            cells = [c.split(" (")[0] for c in line.split(" | ")[2:]]
+            for cell, m in zip(cells, means):
+                tie = (abs(m) * 10 ** 4) % 1 == Decimal("0.5")
+                once = f"{m.quantize(Decimal('0.0001'), 'ROUND_HALF_UP'):+f}"
+                assert tie or cell == once, (depth, row, cell, m)
+            checked += 1
+    assert checked >= 10
+
+
 def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         lm_bin, tmp_path, monkeypatch):
     common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
