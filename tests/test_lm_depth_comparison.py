@@ -566,6 +566,22 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
     assert checked >= 3
 
 
+def committed_report(report, runs):
+    """A committed report's JSON and markdown (skips where it or its runs are not committed)."""
+    path = os.path.join(paths.RESULTS, report)
+    if not (os.path.isfile(path + ".json") and os.path.isdir(os.path.join(paths.RESULTS, runs))):
+        pytest.skip(f"results/{report} or results/{runs} is not committed in this checkout")
+    with open(path + ".json") as f, open(path + ".md") as g:
+        return json.load(f), g.read()
+
+
+def committed_run(runs, depth, row, seed):
+    """The result.json of a committed run."""
+    with open(os.path.join(paths.RESULTS, runs, f"d{depth}", row, f"seed{seed}",
+                           "result.json")) as f:
+        return json.load(f)
+
+
 @pytest.mark.parametrize("report, runs", [("lm_depth_comparison_cpu", "lm_depth_runs"),
                                           ("lm_depth_comparison_8k_cpu", "lm_depth_runs_8k")])
 def test_the_committed_reports_differences_seed_by_seed_are_their_runs(report, runs):
@@ -573,18 +589,11 @@ def test_the_committed_reports_differences_seed_by_seed_are_their_runs(report, r
     test bits minus the baseline's of the same seed, rounded once: at five decimals in the
     JSON, at three in the table (a report written by an older script, or from runs changed since,
     fails here)."""
-    path = os.path.join(paths.RESULTS, report)
-    if not (os.path.isfile(path + ".json") and os.path.isdir(os.path.join(paths.RESULTS, runs))):
-        pytest.skip(f"results/{report} or results/{runs} is not committed in this checkout")
-    with open(path + ".json") as f:
-        depths = json.load(f)["depths"]
-    with open(path + ".md") as f:
-        table = f.read()
+    report, table = committed_report(report, runs)
+    depths = report["depths"]
 
     def test_bits(depth, row, seed):
-        with open(os.path.join(paths.RESULTS, runs, f"d{depth}", row, f"seed{seed}",
-                               "result.json")) as f:
-            return json.load(f)["test_bits"]
+        return committed_run(runs, depth, row, seed)["test_bits"]
     checked = 0
     for depth, rows in depths.items():
         section = table.split(f"### {depth} blocks\n", 1)[1].split("\n### ", 1)[0]
@@ -607,22 +616,16 @@ def test_the_committed_reports_learning_curves_are_their_runs_rounded_once(repor
     """Each row's mean difference from the baseline on the committed report's learning curves is
     the committed runs' curve points (five decimals) averaged over the row's seeds: exactly (six
     decimals) in the JSON, and in the table that value rounded once to four decimals (a mean
-    stored at five and printed at four was rounded twice: -0.060345 printed as -0.0604); an
+    stored at five and printed at four was rounded twice: +0.008155 printed as +0.0081); an
     exact tie at four decimals may go either way."""
     from decimal import Decimal
 
-    path = os.path.join(paths.RESULTS, report)
-    if not (os.path.isfile(path + ".json") and os.path.isdir(os.path.join(paths.RESULTS, runs))):
-        pytest.skip(f"results/{report} or results/{runs} is not committed in this checkout")
-    with open(path + ".json") as f:
-        curves = json.load(f)["curves"]
-    with open(path + ".md") as f:
-        table = f.read()
+    report, table = committed_report(report, runs)
+    curves = report["curves"]
 
     def curve(depth, row, seed):
-        with open(os.path.join(paths.RESULTS, runs, f"d{depth}", row, f"seed{seed}",
-                               "result.json")) as f:
-            return [Decimal(str(b)) for b in json.load(f)["curve"]["valid_bits"]]
+        return [Decimal(str(b))
+                for b in committed_run(runs, depth, row, seed)["curve"]["valid_bits"]]
     checked = 0
     for depth, rows in curves.items():
         section = table.split(f"Learning curves at {depth} blocks:", 1)[1].split("\n\n", 2)[1]
