@@ -285,6 +285,12 @@ def score_blocks(checkpoint, data, subset, device="cpu"):
     return np.array(out)
 
 
+def run_bits(blocks):
+    """A run's bits per token on its scored ``blocks`` (``score_blocks``), as result.json keeps
+    them (``RUN_BITS_DIGITS`` decimals)."""
+    return round(significance.score("bits", blocks), RUN_BITS_DIGITS)
+
+
 def finished_run(run_dir, kept_dir, recipe):
     """A finished run's result, or None. With ``--keep-runs`` the two folders are made to agree:
     a run finished in the output folder is copied to the kept one (KEPT_FILES), and a kept run
@@ -341,8 +347,7 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
             "--arch", arch, *model, *flags, "--save-interval-updates", 0]),
             os.path.join(scratch, "train.log"))
         checkpoint = os.path.join(scratch, "checkpoint_last.pt")
-        bits = round(significance.score("bits", score_blocks(checkpoint, args.data, "valid")),
-                     RUN_BITS_DIGITS)
+        bits = run_bits(score_blocks(checkpoint, args.data, "valid"))
         expected = result["curve"]["valid_bits"][result["curve"]["updates"].index(update)]
         if bits == expected:
             written = os.path.join(run_dir, name)
@@ -473,7 +478,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
     for subset in ("valid", "test"):
         blocks = score_blocks(checkpoint, args.data, subset)
         np.save(os.path.join(run_dir, f"{subset}_blocks.npy"), blocks)
-        result[f"{subset}_bits"] = round(significance.score("bits", blocks), RUN_BITS_DIGITS)
+        result[f"{subset}_bits"] = run_bits(blocks)
         result[f"{subset}_ppl"] = round(2 ** result[f"{subset}_bits"], 3)
     result["diverged"] = not all(np.isfinite([result["valid_bits"], result["test_bits"]]))
     if args.curve_interval:
@@ -521,7 +526,7 @@ def learning_curve(run_dir, args, final_valid_bits):
             raise runs.StepError(f"{run_dir}: no checkpoint at update {update} for the learning "
                                  "curve")
         blocks = score_blocks(kept[update], args.data, "valid")
-        bits.append(round(significance.score("bits", blocks), RUN_BITS_DIGITS))
+        bits.append(run_bits(blocks))
     return {"updates": points, "valid_bits": bits}
 
 
