@@ -197,6 +197,8 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     (["--quick", "--embed-dim", "64"], "--embed-dim: not with --quick"),
     (["--quick", "--batch", "64"], "--batch: not with --quick"),
     (["--batch", "0", "--rows", "mudd"], "--batch 0: at least 1 sequence"),
+    (["--quick", "--vocab", "8000"], "--vocab: not with --quick"),
+    (["--vocab", "4", "--rows", "mudd"], "--vocab 4: at least 5 symbols"),
 ])
 def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, message):
     depth = paths.load_script("bench", "depth.py")
@@ -204,8 +206,9 @@ def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, mess
         depth.run(depth.parser().parse_args(flags))
 
 
-def test_depth_bench_measures_the_batch_asked_for(monkeypatch):
-    """--batch reaches every job the bench runs (the comparison's 16 by default)."""
+def test_depth_bench_measures_the_batch_and_vocabulary_asked_for(monkeypatch):
+    """--batch and --vocab reach every job the bench runs (the comparison's 16 sequences and
+    WikiText-2's 33,278 words by default)."""
     depth = paths.load_script("bench", "depth.py")
     jobs = []
 
@@ -213,10 +216,12 @@ def test_depth_bench_measures_the_batch_asked_for(monkeypatch):
         jobs.extend(job_list)
         raise RuntimeError("stop")
     monkeypatch.setattr(depth.common, "run_jobs", stop)
-    for flags, batch in ((["--batch", "64"], 64), ([], 16)):
+    for flags, batch, vocab in ((["--batch", "64"], 64, 33278), ([], 16, 33278),
+                                (["--vocab", "8000"], 16, 8000)):
         with pytest.raises(RuntimeError, match="stop"):
             depth.run(depth.parser().parse_args(["--rows", "mudd", "--depths", "4", *flags]))
         assert {job["cfg"]["batch"] for job in jobs} == {batch}
+        assert {job["cfg"]["vocab"] for job in jobs} == {vocab}
         jobs.clear()
 
 

@@ -2,24 +2,26 @@
 """Speed and memory of the depth connections in the decoder-only LM against the plain model.
 
     python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--rows plain,mudd,...]
-        [--depths 4,12] [--embed-dim 128]
+        [--depths 4,12] [--embed-dim 128] [--vocab 8000]
         [--out results/bench_depth_cpu.json]
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
-context 128, batch 16, a 33,278-token vocabulary as WikiText-2's) plain and with each depth
-connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two stacks of
-half the blocks; plain, with the bridges over its encoder, with the embedding loss): training
-seconds per update (timed windows of forward + backward + Adam step, every model taking turns
-in one process, each in every slot of the rotation; the time ratio is the median over the
-rounds of the two models' ratio within a round) and the peak memory growth of training (a
-process per model), with each method's multiply-accumulate model (its ``macs`` beside its
+context 128, batch 16; by default a 33,278-token vocabulary, WikiText-2's words) plain and with
+each depth connection (fairseq_plugins.depth), and that comparison's ``ar_encdec_lm`` rows (two
+stacks of half the blocks; plain, with the bridges over its encoder, with the embedding loss):
+training seconds per update (timed windows of forward + backward + Adam step, every model
+taking turns in one process, each in every slot of the rotation; the time ratio is the median
+over the rounds of the two models' ratio within a round) and the peak memory growth of training
+(a process per model), with each method's multiply-accumulate model (its ``macs`` beside its
 module) as the share of the plain model's forward MACs per token, the aten operators of one
 forward + backward pass (:func:`operators_per_step`: what a GPU step of a narrow model is bound
 by) and the kernel's share of each model's CPU time in the timed steps (page faults: on CPU
 they pad the plain model's time; the report names the ``MALLOC_*`` settings it ran under).
 ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN 4x;
-heads, context and batch unchanged), ``--batch`` another batch. The worker is ``lm.py``'s.
-Ratios are the result; absolute numbers only mean something on a GPU.
+heads, context and batch unchanged), ``--batch`` another batch, ``--vocab`` another vocabulary
+(the comparison trains over 8,000 SentencePiece pieces: its output layer is a quarter of the
+word-level one, so every method's overhead is a larger share of its step). The worker is
+``lm.py``'s. Ratios are the result; absolute numbers only mean something on a GPU.
 """
 import os
 import sys
@@ -87,6 +89,8 @@ GPU_ONLY = (EAGER, GRAPH, COMPILE)
 HEADS = 4
 EMBED_DIM = 128  # the WikiText-2 comparison's width
 BATCH = 16  # its sequences per update
+VOCAB = 33278  # WikiText-2's words (the comparison itself trains over 8,000 pieces)
+MIN_VOCAB = 5  # fairseq's four special symbols and one word
 
 
 def sizes(arch, embed_dim, layers):
@@ -201,6 +205,11 @@ def run(args):
         raise SystemExit("depth.py: --embed-dim: not with --quick (which measures d=32)")
     if args.quick and args.batch is not None:
         raise SystemExit("depth.py: --batch: not with --quick (which measures batch 2)")
+    if args.quick and args.vocab is not None:
+        raise SystemExit("depth.py: --vocab: not with --quick (which measures 500 symbols)")
+    if args.vocab is not None and args.vocab < MIN_VOCAB:
+        raise SystemExit(f"depth.py: --vocab {args.vocab}: at least {MIN_VOCAB} symbols "
+                         "(fairseq's four special ones and one word)")
     if args.batch is not None and args.batch < 1:
         raise SystemExit(f"depth.py: --batch {args.batch}: at least 1 sequence")
     if args.embed_dim is not None and (args.embed_dim < HEADS or args.embed_dim % HEADS):
@@ -213,8 +222,8 @@ def run(args):
         embed_dim = 32
     else:
         depths = tuple(args.depths)
-        cfg = dict(vocab=33278, context=128, batch=args.batch or BATCH, gen_batch=1,
-                   gen_context=8, gen_tokens=8)
+        cfg = dict(vocab=args.vocab or VOCAB, context=128, batch=args.batch or BATCH,
+                   gen_batch=1, gen_context=8, gen_tokens=8)
         embed_dim = args.embed_dim or EMBED_DIM
     names = chosen_rows(args.rows, args.device)
     # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
@@ -371,6 +380,10 @@ def parser():
                    "comparison's): on a GPU in fp16 the plain step at batch 16 is launch-bound "
                    "even at d=1024 (results/gpu_check_h200); a larger batch measures the "
                    "methods' arithmetic")
+    p.add_argument("--vocab", type=int, help=f"symbols in the dictionary, fairseq's four special "
+                   f"ones included (default {VOCAB:,}, WikiText-2's words); the WikiText-2 "
+                   "comparison trains over 8,000 (its SentencePiece pieces): the output layer's "
+                   "share of a step, and so each method's time ratio, depends on it")
     return p
 
 
