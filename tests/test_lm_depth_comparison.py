@@ -547,11 +547,26 @@ def test_the_curves_figure_keeps_a_row_s_colour_across_depths_and_names_every_ro
 def test_every_committed_row_has_its_time_and_memory_measured(runs):
     """Each (depth, row) with committed runs finds its bench measurement in the files the report
     reads (BENCH_FILES): a bench file missing from that list, or a depth trained but never
-    benchmarked, would print "—" in the report's time and memory columns."""
+    benchmarked, would print "—" in the report's time and memory columns. And the bench measured
+    the model the runs trained: each file's row counts the parameters of the row's committed run
+    (the same vocabulary and sizes) less the positional table, which the bench's reference count
+    leaves out (a 33k-word bench would count 25,278 x d more); the time files ran as the runs train (one thread, their allocator settings), the
+    memory files under glibc's defaults."""
     root = os.path.join(paths.RESULTS, runs)
     if not os.path.isdir(root):
         pytest.skip(f"results/{runs} is not committed in this checkout")
     bench = comparison.bench_ratios()
+    files = {}
+    for measure, names in comparison.BENCH_FILES.items():
+        for name in names:
+            with open(os.path.join(paths.RESULTS, name)) as f:
+                report = json.load(f)
+            assert report.get("allocator_env") == comparison.ALLOCATORS[
+                "retain" if measure == "train_time_ratio" else "default"], name
+            if measure == "train_time_ratio":
+                assert report["threads"] == 1, name
+            for depth in report["depths"]:
+                files.setdefault(depth, []).append(report["depths"][depth])
     checked = 0
     for depth_dir in sorted(os.listdir(root)):
         if not os.path.isdir(os.path.join(root, depth_dir)):  # dictionary.sha256
@@ -559,9 +574,21 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
         for row in sorted(os.listdir(os.path.join(root, depth_dir))):
             if row not in comparison.BENCH_ROWS:  # a matched baseline: not benchmarked (—)
                 continue
-            measured = bench.get(depth_dir[1:], {}).get(comparison.BENCH_ROWS[row], {})
+            bench_row = comparison.BENCH_ROWS[row]
+            measured = bench.get(depth_dir[1:], {}).get(bench_row, {})
             assert measured.get("train_time_ratio") is not None, (depth_dir, row)
             assert measured.get("memory_growth_ratio") is not None, (depth_dir, row)
+            run_dir = os.path.join(root, depth_dir, row)
+            with open(os.path.join(run_dir, sorted(os.listdir(run_dir))[0], "result.json")) as f:
+                result = json.load(f)
+            flags = result["flags"]
+            embed_dim = flags[flags.index("--embed-dim") + 1]
+            for rows in files[depth_dir[1:]]:
+                # beyond the context's rows of positions, a checkpoint holds ar_encdec_lm's one
+                # more (its encoder adds the next position) and AttnRes Block's grouping buffer
+                extra = (result["params"] - rows[bench_row]["params_reference_count"]
+                         - comparison.CONTEXT * embed_dim)
+                assert 0 <= extra <= embed_dim + 1, (depth_dir, row, extra)
             checked += 1
     assert checked >= 3
 

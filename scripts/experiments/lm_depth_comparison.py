@@ -84,9 +84,7 @@ ROWS = {
     "ar_encdec_embedding_loss": ("ar_encdec_lm", ["--criterion", "lm_embedding_loss",
                                                   "--embedding-loss", "mse"]),
 }
-# the rows of scripts/bench/depth.py that measure a row's time and memory, and the committed
-# runs of it that hold them (each row and depth in one of them; the 4 and 12 blocks of the
-# 800-update comparison in the first two, the 8,000-update comparison's 8 blocks in the third)
+# the rows of scripts/bench/depth.py that measure a row's time and memory
 BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "lrf_all_positions": "lrf_all_positions", "hc_static": "hc_static_n4",
               "hc_dynamic": "hc_dynamic_n4", "mhc": "mhc_n4", "mhc_lite": "mhc_lite_n4",
@@ -94,8 +92,17 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "attn_res_block": "attn_res_block",
               "mudd": "mudd", "value_residual": "value_residual",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
-BENCH_FILES = ("bench_depth_cpu.json", "bench_depth_ar_encdec_cpu.json",
-               "bench_depth_d8_cpu.json")
+# the committed runs of it that hold them, per measure, one file per depth (4 and 12 blocks: the
+# 800-update comparison; 8: the 8,000-update one's deeper depth), all at the comparison's own
+# vocabulary (--vocab 8000: with the word-level 33k the output layer is most of a step and every
+# overhead looks smaller). The time as the runs train: one thread, two processes at a time, the
+# "retain" allocator settings. The peak memory under glibc's defaults: retained, freed pages stay
+# mapped and the peak says what the allocator keeps, not what the step needs
+# (docs/benchmarks.md, "Depth connections in the language model")
+BENCH_DEPTHS = (4, 8, 12)
+BENCH_FILES = {
+    "train_time_ratio": tuple(f"bench_depth_pieces_retain_d{d}_cpu.json" for d in BENCH_DEPTHS),
+    "memory_growth_ratio": tuple(f"bench_depth_pieces_d{d}_cpu.json" for d in BENCH_DEPTHS)}
 # the fewest seeds on either side of a test that give a verdict: the issue's three; with two, a
 # bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
 # variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise
@@ -531,14 +538,20 @@ def learning_curve(run_dir, args, final_valid_bits):
 
 
 def bench_ratios():
-    """{depth: {bench row: its measurement}} from the committed bench runs (BENCH_FILES)."""
+    """{depth: {bench row: {measure: its ratio to the plain LM}}}, each measure (the keys of
+    BENCH_FILES) read from its own committed bench runs; a file not in this checkout leaves its
+    depth's measure out (the report prints "—")."""
     out = {}
-    for name in BENCH_FILES:
-        path = os.path.join(paths.RESULTS, name)
-        if os.path.exists(path):
+    for measure, names in BENCH_FILES.items():
+        for name in names:
+            path = os.path.join(paths.RESULTS, name)
+            if not os.path.exists(path):
+                continue
             with open(path) as f:
                 for depth, rows in json.load(f).get("depths", {}).items():
-                    out.setdefault(depth, {}).update(rows)
+                    for row, measured in rows.items():
+                        out.setdefault(depth, {}).setdefault(row, {})[measure] = \
+                            measured.get(measure)
     return out
 
 
@@ -607,8 +620,12 @@ def summarise(args, results, plan, matched_of=None):
              "the seed spread, and no verdict is given), and as the change of the perplexity "
              "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
              "same seed (the same data order), in the order of the seeds column; time and "
-             "memory: scripts/bench/depth.py at the same depth "
-             f"({', '.join('results/' + n for n in BENCH_FILES)}; none: not benchmarked).",
+             "memory: scripts/bench/depth.py at the same depth and the runs' vocabulary, the time "
+             "as the runs train (one thread, two processes at a time, their allocator settings: "
+             f"{', '.join('results/' + n for n in BENCH_FILES['train_time_ratio'])}), the peak "
+             "memory under glibc's defaults ("
+             f"{', '.join('results/' + n for n in BENCH_FILES['memory_growth_ratio'])}); "
+             "—: not benchmarked.",
              ""]
 
     def finished(depth, row):  # the seeds of a row that have a result (all, unless partial)
