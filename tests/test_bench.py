@@ -199,6 +199,8 @@ def test_depth_bench_measures_the_rows_asked_for_and_refuses_unknown_ones():
     (["--batch", "0", "--rows", "mudd"], "--batch 0: at least 1 sequence"),
     (["--quick", "--vocab", "8000"], "--vocab: not with --quick"),
     (["--vocab", "4", "--rows", "mudd"], "--vocab 4: at least 5 symbols"),
+    (["--dropout", "1", "--rows", "mudd"], r"--dropout 1.0: a probability in \[0, 1\)"),
+    (["--dropout", "-0.1", "--rows", "mudd"], r"--dropout -0.1: a probability in \[0, 1\)"),
 ])
 def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, message):
     depth = paths.load_script("bench", "depth.py")
@@ -206,9 +208,10 @@ def test_depth_bench_refuses_depths_it_cannot_build_before_measuring(flags, mess
         depth.run(depth.parser().parse_args(flags))
 
 
-def test_depth_bench_measures_the_batch_and_vocabulary_asked_for(monkeypatch):
-    """--batch and --vocab reach every job the bench runs (the comparison's 16 sequences and
-    WikiText-2's 33,278 words by default)."""
+def test_depth_bench_measures_the_batch_vocabulary_and_dropout_asked_for(monkeypatch):
+    """--batch, --vocab and --dropout reach every job the bench runs (the comparison's 16
+    sequences, WikiText-2's 33,278 words and the models' own dropout, none, by default): the
+    dropout as every model's flag, and in the config the report records."""
     depth = paths.load_script("bench", "depth.py")
     jobs = []
 
@@ -216,12 +219,20 @@ def test_depth_bench_measures_the_batch_and_vocabulary_asked_for(monkeypatch):
         jobs.extend(job_list)
         raise RuntimeError("stop")
     monkeypatch.setattr(depth.common, "run_jobs", stop)
-    for flags, batch, vocab in ((["--batch", "64"], 64, 33278), ([], 16, 33278),
-                                (["--vocab", "8000"], 16, 8000)):
+    for flags, batch, vocab, dropout in ((["--batch", "64"], 64, 33278, 0.0),
+                                         ([], 16, 33278, 0.0), (["--vocab", "8000"], 16, 8000, 0.0),
+                                         (["--dropout", "0.1"], 16, 33278, 0.1)):
         with pytest.raises(RuntimeError, match="stop"):
             depth.run(depth.parser().parse_args(["--rows", "mudd", "--depths", "4", *flags]))
         assert {job["cfg"]["batch"] for job in jobs} == {batch}
         assert {job["cfg"]["vocab"] for job in jobs} == {vocab}
+        assert {job["cfg"]["dropout"] for job in jobs} == {dropout}
+        for job in jobs:
+            model_flags = job["models"][job["model"]][1]
+            assert ("--dropout" in model_flags) == bool(dropout)
+            if dropout:
+                assert float(model_flags[model_flags.index("--dropout") + 1]) == dropout
+        assert len(jobs) == 2  # the plain model and MUDD
         jobs.clear()
 
 
@@ -301,6 +312,9 @@ def test_depth_table_shows_operator_counts_and_reads_reports_without_them():
             "0.250 |") in table
     assert "| 12 | mudd | 1.500 | 1.100 | 1,000 | 0.0100 |  |  |  |" in table
     assert "glibc's defaults (or not recorded)" in table
+    assert "batch 2, no dropout." in table  # reports made before the bench recorded it: none
+    report["config"]["dropout"] = 0.1
+    assert "batch 2, dropout 0.1." in depth.markdown_table(report)
     report["allocator_env"] = {"MALLOC_TRIM_THRESHOLD_": "1"}
     assert "Allocator settings: MALLOC_TRIM_THRESHOLD_=1." in depth.markdown_table(report)
 

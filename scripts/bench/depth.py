@@ -2,7 +2,7 @@
 """Speed and memory of the depth connections in the decoder-only LM against the plain model.
 
     python scripts/bench/depth.py [--quick] [--device cuda --fp16] [--rows plain,mudd,...]
-        [--depths 4,12] [--embed-dim 128] [--vocab 8000]
+        [--depths 4,12] [--embed-dim 128] [--vocab 8000] [--dropout 0.1]
         [--out results/bench_depth_cpu.json]
 
 ``gpt_baseline_lm`` at the size of the WikiText-2 comparison (d=128, 4 and 12 blocks, 4 heads,
@@ -20,7 +20,10 @@ they pad the plain model's time; the report names the ``MALLOC_*`` settings it r
 ``--rows`` measures a subset (the plain model always); ``--embed-dim`` another width (FFN 4x;
 heads, context and batch unchanged), ``--batch`` another batch, ``--vocab`` another vocabulary
 (the comparison trains over 8,000 SentencePiece pieces: its output layer is a quarter of the
-word-level one, so every method's overhead is a larger share of its step). The worker is
+word-level one, so every method's overhead is a larger share of its step), ``--dropout`` the
+models' dropout (by default theirs, 0; the comparison trains with 0.1, and dropout on an
+attention's weights costs in proportion to its keys: LRF's all-positions reading, whose keys
+are every position of every lower state, pays the most). The worker is
 ``lm.py``'s. Ratios are the result; absolute numbers only mean something on a GPU.
 """
 import os
@@ -210,6 +213,8 @@ def run(args):
     if args.vocab is not None and args.vocab < MIN_VOCAB:
         raise SystemExit(f"depth.py: --vocab {args.vocab}: at least {MIN_VOCAB} symbols "
                          "(fairseq's four special ones and one word)")
+    if not 0 <= args.dropout < 1:
+        raise SystemExit(f"depth.py: --dropout {args.dropout}: a probability in [0, 1)")
     if args.batch is not None and args.batch < 1:
         raise SystemExit(f"depth.py: --batch {args.batch}: at least 1 sequence")
     if args.embed_dim is not None and (args.embed_dim < HEADS or args.embed_dim % HEADS):
@@ -217,13 +222,14 @@ def run(args):
                          f"{HEADS} (the heads)")
     if args.quick:
         depths = (2,)
-        cfg = dict(vocab=500, context=32, batch=2, gen_batch=1, gen_context=8, gen_tokens=8)
+        cfg = dict(vocab=500, context=32, batch=2, gen_batch=1, gen_context=8, gen_tokens=8,
+                   dropout=args.dropout)
         windows = dict(train=2, steps=1, warmup=1, gen=1)
         embed_dim = 32
     else:
         depths = tuple(args.depths)
         cfg = dict(vocab=args.vocab or VOCAB, context=128, batch=args.batch or BATCH,
-                   gen_batch=1, gen_context=8, gen_tokens=8)
+                   gen_batch=1, gen_context=8, gen_tokens=8, dropout=args.dropout)
         embed_dim = args.embed_dim or EMBED_DIM
     names = chosen_rows(args.rows, args.device)
     # ar_encdec_lm's two stacks and AttnRes Block's two groups each take half of the blocks
@@ -232,8 +238,12 @@ def run(args):
         if layers < 1 or (halved and layers % 2):
             raise SystemExit(f"depth.py: --depths {layers}: a positive number of blocks"
                              + (f", even for {', '.join(halved)}" if halved else ""))
+    # each row's method flags, with the dropout asked for (the models' default is none)
+    methods = {name: (METHODS[name][0], METHODS[name][1]
+                      + (["--dropout", str(args.dropout)] if args.dropout else []))
+               for name in names}
     if args.saved_only:
-        return saved_report(args, names, depths, embed_dim)
+        return saved_report(args, names, depths, embed_dim, methods)
     if not args.quick:  # every model in every slot of the rotation
         windows = dict(train=len(names), steps=2, warmup=2, gen=1)
     script = os.path.abspath(lm.__file__)
@@ -245,8 +255,8 @@ def run(args):
     if common.is_cuda(args.device):  # absolute times mean something only with the card named
         report["gpu"] = torch.cuda.get_device_name(args.device)
     for layers in depths:
-        models = {name: (METHODS[name][0], sizes(METHODS[name][0], embed_dim, layers)
-                         + METHODS[name][1]) for name in names}
+        models = {name: (methods[name][0], sizes(methods[name][0], embed_dim, layers)
+                         + methods[name][1]) for name in names}
         job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                    windows=windows, models=models)
         memory = dict(zip(models, common.run_jobs(
@@ -267,9 +277,9 @@ def run(args):
                 "memory_growth_ratio": (round(memory[name]["train_peak_memory_growth_mb"]
                                               / base_mem, 3) if base_mem > 0 else None),
                 "params_reference_count": memory[name]["params_reference_count"],
-                "mac_share": mac_share(*METHODS[name], embed_dim, layers, cfg["context"]),
-                "operators_per_step": operators_per_step(*METHODS[name], layers),
-                "saved_bytes_per_token": saved_per_token(*METHODS[name], embed_dim, layers,
+                "mac_share": mac_share(*methods[name], embed_dim, layers, cfg["context"]),
+                "operators_per_step": operators_per_step(*methods[name], layers),
+                "saved_bytes_per_token": saved_per_token(*methods[name], embed_dim, layers,
                                                          args.device, args.fp16),
             }
         if {"mhc_lite_n4", "mhc_n4"} <= set(rows):  # mHC-lite against mHC (Sinkhorn)
@@ -291,15 +301,17 @@ def add_saved_ratios(rows):
                             else round(r["saved_bytes_per_token"] / base, 3))
 
 
-def saved_report(args, names, depths, embed_dim):
+def saved_report(args, names, depths, embed_dim, methods):
     """``--saved-only``: the saved-for-backward column alone (no timing, no worker process): on
-    a CPU under ``TRITON_INTERPRET=1`` what the fused kernels keep, without a GPU."""
+    a CPU under ``TRITON_INTERPRET=1`` what the fused kernels keep, without a GPU. ``methods``:
+    {row: (arch, flags)}, the flags with the dropout asked for."""
     report = {"benchmark": "depth", "saved_only": True, "device": args.device,
               "fp16": args.fp16, "torch": torch.__version__, "embed_dim": embed_dim,
+              "dropout": args.dropout,
               "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "depths": {}}
     for layers in depths:
         rows = {name: {"saved_bytes_per_token": saved_per_token(
-            *METHODS[name], embed_dim, layers, args.device, args.fp16)} for name in names}
+            *methods[name], embed_dim, layers, args.device, args.fp16)} for name in names}
         add_saved_ratios(rows)
         report["depths"][str(layers)] = rows
     return report
@@ -309,7 +321,8 @@ def saved_markdown(report):
     """The markdown of a ``--saved-only`` report."""
     lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}"
              f"{' (Triton interpreter: the fused kernels)' if report['interpreter'] else ''}"
-             f", torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}; the "
+             f", torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']}"
+             f"{', dropout %g' % report['dropout'] if report.get('dropout') else ''}; the "
              "bytes per token one training forward pass keeps for its backward (parameters "
              "apart, each storage once; context 16, batch 2) and their ratio to the plain "
              "model's.", "", "| blocks | method | saved for backward | ratio |",
@@ -328,7 +341,9 @@ def markdown_table(report):
     lines = [f"{report['device']}{' fp16' if report['fp16'] else ''}, {report['threads']} threads, "
              f"torch {report['torch']}: gpt_baseline_lm d={report['embed_dim']} (the ar_encdec "
              "rows: ar_encdec_lm, two stacks of half the blocks), vocabulary "
-             f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}. Ratios to the plain "
+             f"{c['vocab']:,}, context {c['context']}, batch {c['batch']}"
+             f"{', dropout %g' % c['dropout'] if c.get('dropout') else ', no dropout'}. "
+             "Ratios to the plain "
              "model in the same process; MAC share: the method's forward MACs per token over the "
              "plain blocks'; operators: aten operators of one forward + backward pass, views and "
              "allocations apart; saved for backward: the bytes per token one training forward "
@@ -380,6 +395,10 @@ def parser():
                    "comparison's): on a GPU in fp16 the plain step at batch 16 is launch-bound "
                    "even at d=1024 (results/gpu_check_h200); a larger batch measures the "
                    "methods' arithmetic")
+    p.add_argument("--dropout", type=float, default=0.0, help="the models' dropout (default 0, "
+                   "theirs; the WikiText-2 comparison trains with 0.1): dropout on attention "
+                   "weights costs in proportion to the keys, so each method's time ratio "
+                   "depends on it")
     p.add_argument("--vocab", type=int, help=f"symbols in the dictionary, fairseq's four special "
                    f"ones included (default {VOCAB:,}, WikiText-2's words); the WikiText-2 "
                    "comparison trains over 8,000 (its SentencePiece pieces): the output layer's "
