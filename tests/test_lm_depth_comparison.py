@@ -504,7 +504,8 @@ def test_the_curve_table_ranks_the_rows_at_every_point():
 
 def test_each_row_is_benchmarked_as_it_is_trained():
     """The time and memory beside a row come from the bench row of the same model (the same
-    architecture, size and flags; the weight logging aside, which changes no computation)."""
+    architecture, size and flags; the weight logging aside, which changes no function). The
+    recipe's dropout is the bench's --dropout: the committed benches' is checked below."""
     depth = paths.load_script("bench", "depth.py")
     assert set(comparison.BENCH_ROWS) == set(comparison.ROWS)
     for row, bench_row in comparison.BENCH_ROWS.items():
@@ -550,17 +551,21 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
     benchmarked, would print "—" in the report's time and memory columns. And the bench measured
     the model the runs trained: each file's row counts the parameters of the row's committed run
     (the same vocabulary and sizes) less the positional table, which the bench's reference count
-    leaves out (a 33k-word bench would count 25,278 x d more); the time files ran as the runs train (one thread, their allocator settings), the
-    memory files under glibc's defaults."""
+    leaves out (a 33k-word bench would count 25,278 x d more), with the runs' dropout; the time
+    files ran as the runs train (one thread, their allocator settings), the memory files under
+    glibc's defaults."""
     root = os.path.join(paths.RESULTS, runs)
     if not os.path.isdir(root):
         pytest.skip(f"results/{runs} is not committed in this checkout")
     bench = comparison.bench_ratios()
+    recipe = comparison.recipe_flags(800)
+    dropout = float(recipe[recipe.index("--dropout") + 1])
     files = {}
     for measure, names in comparison.BENCH_FILES.items():
         for name in names:
             with open(os.path.join(paths.RESULTS, name)) as f:
                 report = json.load(f)
+            assert report["config"].get("dropout", 0.0) == dropout, name
             assert report.get("allocator_env") == comparison.ALLOCATORS[
                 "retain" if measure == "train_time_ratio" else "default"], name
             if measure == "train_time_ratio":

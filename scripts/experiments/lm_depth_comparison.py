@@ -94,10 +94,11 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 # the committed runs of it that hold them, per measure, one file per depth (4 and 12 blocks: the
 # 800-update comparison; 8: the 8,000-update one's deeper depth), all at the comparison's own
-# vocabulary (--vocab 8000: with the word-level 33k the output layer is most of a step and every
-# overhead looks smaller). The time as the runs train: one thread, two processes at a time, the
-# "retain" allocator settings. The peak memory under glibc's defaults: retained, freed pages stay
-# mapped and the peak says what the allocator keeps, not what the step needs
+# vocabulary and dropout (--vocab 8000: with the word-level 33k the output layer is most of a
+# step and every overhead looks smaller; --dropout 0.1: dropout on an attention's weights costs
+# in proportion to its keys). The time as the runs train: one thread, two processes at a time,
+# the "retain" allocator settings. The peak memory under glibc's defaults: retained, freed pages
+# stay mapped and the peak says what the allocator keeps, not what the step needs
 # (docs/benchmarks.md, "Depth connections in the language model")
 BENCH_DEPTHS = (4, 8, 12)
 BENCH_FILES = {
@@ -620,7 +621,8 @@ def summarise(args, results, plan, matched_of=None):
              "the seed spread, and no verdict is given), and as the change of the perplexity "
              "(2^Δ - 1); Δ by seed: the row's test bits minus the baseline's trained with the "
              "same seed (the same data order), in the order of the seeds column; time and "
-             "memory: scripts/bench/depth.py at the same depth and the runs' vocabulary, the time "
+             "memory: scripts/bench/depth.py at the same depth and the runs' vocabulary and "
+             "dropout, the time "
              "as the runs train (one thread, two processes at a time, their allocator settings: "
              f"{', '.join('results/' + n for n in BENCH_FILES['train_time_ratio'])}), the peak "
              "memory under glibc's defaults ("
