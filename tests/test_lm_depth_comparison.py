@@ -551,21 +551,24 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
     benchmarked, would print "—" in the report's time and memory columns. And the bench measured
     the model the runs trained: each file's row counts the parameters of the row's committed run
     (the same vocabulary and sizes) less the positional table, which the bench's reference count
-    leaves out (a 33k-word bench would count 25,278 x d more), with the runs' dropout; the time
-    files ran as the runs train (one thread, their allocator settings), the memory files under
-    glibc's defaults."""
+    leaves out (a 33k-word bench would count 25,278 x d more), at the recipe's context, batch and
+    dropout; the time files ran as the runs train (one thread, their allocator settings), the
+    memory files under glibc's defaults."""
     root = os.path.join(paths.RESULTS, runs)
     if not os.path.isdir(root):
         pytest.skip(f"results/{runs} is not committed in this checkout")
     bench = comparison.bench_ratios()
     recipe = comparison.recipe_flags(800)
-    dropout = float(recipe[recipe.index("--dropout") + 1])
+    # the bench's config entry of each recipe flag it must share with the runs
+    trained = {key: float(recipe[recipe.index(flag) + 1]) for key, flag in (
+        ("context", "--tokens-per-sample"), ("batch", "--batch-size"), ("dropout", "--dropout"))}
     files = {}
     for measure, names in comparison.BENCH_FILES.items():
         for name in names:
             with open(os.path.join(paths.RESULTS, name)) as f:
                 report = json.load(f)
-            assert report["config"].get("dropout", 0.0) == dropout, name
+            # reports made before the bench recorded its dropout ran without
+            assert {key: report["config"].get(key, 0.0) for key in trained} == trained, name
             assert report.get("allocator_env") == comparison.ALLOCATORS[
                 "retain" if measure == "train_time_ratio" else "default"], name
             if measure == "train_time_ratio":
