@@ -482,7 +482,15 @@ def test_how_a_difference_moves_between_budgets():
     assert move(test(-0.08, -0.09, -0.07), test(-0.03, -0.04, -0.02)) == "higher: the gain shrinks"
     assert move(test(-0.08, -0.09, -0.07), test(0.03, 0.02, 0.04)) == "higher: the gain reverses"
     assert move(test(-0.03, -0.04, -0.02), test(-0.035, -0.05, -0.02)) == \
-        "same within noise: persists"
+        "same within noise: the gain persists"
+    assert move(test(0.03, 0.02, 0.04), test(0.035, 0.02, 0.05)) == \
+        "same within noise: the deficit persists"
+    # overlapping intervals, only one of them beyond noise (DWA at 4 blocks, 800 against
+    # 8,000 updates: -0.0047 [-0.0202, +0.0111] and -0.0067 [-0.0127, -0.0013])
+    assert move(test(-0.0047, -0.0202, 0.0111), test(-0.0067, -0.0127, -0.0013)) == \
+        "same within noise: beyond noise at the longer budget only"
+    assert move(test(-0.0067, -0.0127, -0.0013), test(-0.0047, -0.0202, 0.0111)) == \
+        "same within noise: beyond noise at the shorter budget only"
     assert move(test(0.08, 0.07, 0.09), test(0.03, 0.02, 0.04)) == "lower: the deficit shrinks"
     assert move(test(0.00, -0.01, 0.01), test(0.001, -0.01, 0.01)) == \
         "same within noise: no difference at either"

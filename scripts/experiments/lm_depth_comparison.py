@@ -954,7 +954,9 @@ def change_between_budgets(short, long):
     """How a row's difference from the baseline moved from a shorter to a longer training
     (each its ``vs_baseline`` test): 'lower' / 'higher' when the two 95% intervals are apart,
     'same within noise' when they overlap, 'not judged' below three seeds on either side; and
-    what that means for the row: its gain (or deficit) grows, shrinks, persists or reverses."""
+    what that means for the row: its gain (or deficit) grows, shrinks, persists or reverses.
+    Overlapping intervals with only one budget's beyond noise say which (a difference that
+    shows at one budget alone is neither a persisting one nor none at either)."""
     if short["larger_than_noise"] is None or long["larger_than_noise"] is None:
         return "not judged"
     if long["high"] < short["low"]:
@@ -962,8 +964,15 @@ def change_between_budgets(short, long):
     elif long["low"] > short["high"]:
         moved = "higher"
     else:
-        return "same within noise: " + ("persists" if short["larger_than_noise"]
-                                        else "no difference at either")
+        beyond = (short["larger_than_noise"], long["larger_than_noise"])
+        if beyond == (True, True):
+            # both beyond noise and overlapping: on the same side of 0
+            what = "gain" if short["difference"] < 0 else "deficit"
+            return f"same within noise: the {what} persists"
+        return "same within noise: " + {
+            (False, False): "no difference at either",
+            (True, False): "beyond noise at the shorter budget only",
+            (False, True): "beyond noise at the longer budget only"}[beyond]
     gain = short["difference"] < 0
     flipped = long["larger_than_noise"] and (long["difference"] < 0) != gain
     what = "gain" if gain else "deficit"
