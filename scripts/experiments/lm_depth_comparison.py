@@ -959,23 +959,21 @@ def change_between_budgets(short, long):
     shows at one budget alone is neither a persisting one nor none at either)."""
     if short["larger_than_noise"] is None or long["larger_than_noise"] is None:
         return "not judged"
+    gain = short["difference"] < 0
+    what = "gain" if gain else "deficit"
     if long["high"] < short["low"]:
         moved = "lower"
     elif long["low"] > short["high"]:
         moved = "higher"
     else:
         beyond = (short["larger_than_noise"], long["larger_than_noise"])
-        if beyond == (True, True):
-            # both beyond noise and overlapping: on the same side of 0
-            what = "gain" if short["difference"] < 0 else "deficit"
+        if beyond == (True, True):  # both beyond noise and overlapping: the same side of 0
             return f"same within noise: the {what} persists"
         return "same within noise: " + {
             (False, False): "no difference at either",
             (True, False): "beyond noise at the shorter budget only",
             (False, True): "beyond noise at the longer budget only"}[beyond]
-    gain = short["difference"] < 0
     flipped = long["larger_than_noise"] and (long["difference"] < 0) != gain
-    what = "gain" if gain else "deficit"
     if flipped:
         return f"{moved}: the {what} reverses"
     return f"{moved}: the {what} {'grows' if (moved == 'lower') == gain else 'shrinks'}"
