@@ -30,6 +30,9 @@ ATTN_RES = {"attn_res": ["--attn-res", "full"],
             "attn_res_block1": ["--attn-res", "block", "--attn-res-blocks", "1"]}
 VALUE = {"value_fixed": ["--value-residual", "fixed"],
          "value_learnable": ["--value-residual", "learnable"]}
+LAUREL = {"laurel_rw": ["--laurel", "rw"], "laurel_lr": ["--laurel", "lr", "--laurel-rank", "4"],
+          "laurel_rw_lr": ["--laurel", "rw_lr"], "laurel_pa": ["--laurel", "pa"],
+          "laurel_rw_lr_pa": ["--laurel", "rw_lr_pa", "--laurel-lags", "2"]}
 
 
 def fusion_flags(arch, *extra):
@@ -39,7 +42,7 @@ def fusion_flags(arch, *extra):
 
 def methods(arch):
     """Every method (and a few compositions) as flags for ``arch``."""
-    out = {**HC, **MUDD, **VALUE, **MHC, **FRAC, **ATTN_RES,
+    out = {**HC, **MUDD, **VALUE, **MHC, **FRAC, **ATTN_RES, **LAUREL,
            "dwa": fusion_flags(arch, "--fusion-kind", "dwa"),
            "dwa_dilated": fusion_flags(arch, "--fusion-kind", "dwa", "--dwa-dilation", "2"),
            "lrf": fusion_flags(arch),
@@ -49,6 +52,7 @@ def methods(arch):
            "mhc_value": MHC["mhc"] + VALUE["value_learnable"],
            "frac_value": FRAC["frac_dynamic"] + VALUE["value_fixed"],
            "attn_res_value": ATTN_RES["attn_res"] + VALUE["value_learnable"],
+           "laurel_value": LAUREL["laurel_pa"] + VALUE["value_fixed"],
            "dwa_value": fusion_flags(arch, "--fusion-kind", "dwa") + VALUE["value_fixed"]}
     return out
 
@@ -86,6 +90,8 @@ IDENTITY = {  # the methods whose published initialisation is the plain model, a
     "mhc": 1e-8, "mhc_lite": 1e-8, "mhc_lite_mean": 1e-8,
     # identity read and mixing weights, write weights 1: the plain model bit for bit
     "frac_static": 0.0, "frac_dynamic": 0.0, "frac_m2": 0.0,
+    # alpha = beta = 2 softmax(0) = 1 and B = 0: f(x) + x + 0, bit for bit
+    **{name: 0.0 for name in LAUREL},
 }
 
 
@@ -565,7 +571,9 @@ def test_incremental_equals_full_forward(arch, name):
                                        ("ar_encdec_lm_tiny", "attn_res_block"),
                                        ("ar_encdec_lm_tiny", "frac_value"),
                                        ("ar_encdec_lm_tiny", "lrf"),
-                                       ("gpt_baseline_lm_tiny", "lrf_all_positions")])
+                                       ("gpt_baseline_lm_tiny", "lrf_all_positions"),
+                                       ("ar_encdec_lm_tiny", "laurel_rw_lr_pa"),
+                                       ("gpt_baseline_lm_tiny", "laurel_value")])
 def test_beam_search_with_batch_and_beam_scores_equal_full_forward(arch, name):
     model, task, _ = _lm(arch, methods(arch)[name], context=24)
     model = _train_steps(model, steps=2)
@@ -675,6 +683,7 @@ def test_build_time_errors(arch, extra, message):
     (["--mhc", "on"], "invalid choice"),
     (["--frac-connections", "on"], "invalid choice"),
     (["--attn-res", "yes"], "invalid choice"),
+    (["--laurel", "rw-lr"], "invalid choice"),
 ])
 def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
     with pytest.raises(SystemExit):
@@ -690,6 +699,7 @@ def test_unknown_values_are_refused_by_the_parser(flags, message, capsys):
     ("ar_encdec_lm_tiny", ["--attn-res", "block", "--attn-res-blocks", "2"]),
     ("gpt_baseline_lm_tiny", ["--frac-connections", "dynamic", "--frac-rate", "2",
                               "--stream-recompute"]),
+    ("ar_encdec_lm_tiny", ["--laurel", "rw_lr_pa", "--value-residual", "learnable"]),
 ])
 def test_train_then_eval_lm_and_generate_with_only_the_user_dir(lm_bin, tmp_path, arch, extra):
     assert_lm_evaluates_and_generates(lm_bin, train_lm(lm_bin, tmp_path / "ckpt", arch, *extra))
@@ -714,6 +724,8 @@ def _fairseq_optimizer(params, name="adam", weight_decay=0.1):
     ("adam", MHC["mhc_lite_mean"], 5),
     ("adam", FRAC["frac_dynamic"], 8),  # as Hyper-Connections'
     ("adam", ATTN_RES["attn_res"] + VALUE["value_learnable"], 2 + 1),  # queries, gains; lambdas
+    # RW's logits and PA's gammas; the low-rank maps are weight matrices and are decayed
+    ("adam", LAUREL["laurel_rw_lr_pa"] + VALUE["value_learnable"], 2 + 1),
 ])
 def test_connection_parameters_get_no_weight_decay(optimizer, extra, tensors):
     model, _, _ = _lm("gpt_baseline_lm_tiny", extra)
@@ -884,14 +896,20 @@ SEQ2SEQ = {"hc_static": PRE_NORM + HC["static"], "hc_dynamic": PRE_NORM + HC["dy
            "mudd_value": PRE_NORM + MUDD["mudd"] + VALUE["value_learnable"],
            "value_post_norm": VALUE["value_fixed"],  # layerwise_transformer's post-norm default
            "hc_value": PRE_NORM + HC["dynamic"] + VALUE["value_learnable"],
-           "lrf_value": VALUE["value_learnable"] + ["--encoder-fusion", "--decoder-fusion"]}
+           "lrf_value": VALUE["value_learnable"] + ["--encoder-fusion", "--decoder-fusion"],
+           "laurel_rw_lr": PRE_NORM + LAUREL["laurel_rw_lr"],
+           "laurel_pa": PRE_NORM + LAUREL["laurel_pa"],
+           "laurel_pa_swapped": PRE_NORM + LAUREL["laurel_pa"] + ["--cross-attention", "swapped"],
+           "laurel_value_bridge": PRE_NORM + LAUREL["laurel_rw_lr_pa"] + VALUE["value_learnable"]
+           + ["--bridge", "fc", "--bridge-init", "random"]}
 SEQ2SEQ_IDENTITY = {"hc_static": 1e-14, "hc_dynamic": 1e-14, "mudd_r": 0.0,
                     # keys and values from copies of the self-attention's LayerNorm, attended by
                     # the explicit path instead of fairseq's fused one: the same products
                     "mudd": 1e-13,
                     "mhc": 1e-8, "mhc_lite_mean": 1e-8, "frac_static": 0.0, "frac_m2": 0.0,
                     # with every LayerNorm's eps ~0 (the mean of s sources is the stream / s)
-                    "attn_res": 1e-12, "attn_res_block": 1e-12}
+                    "attn_res": 1e-12, "attn_res_block": 1e-12,
+                    "laurel_rw_lr": 0.0, "laurel_pa": 0.0}
 
 
 def _seq2seq_with_plain_weights(extra, seed=1):
@@ -1027,7 +1045,7 @@ def test_dwa_checkpoints_from_before_the_interface_load_into_the_connection():
 
 @pytest.mark.parametrize("arch,extra", [
     ("hyper_connections_transformer_tiny", []), ("mhc_lite_transformer_tiny", []),
-    ("attn_res_transformer_tiny", []),
+    ("attn_res_transformer_tiny", []), ("laurel_pa_transformer_tiny", []),
     # separate key / value inputs and the values' hook, cached by fairseq's incremental state
     ("mudd_transformer_tiny", ["--mudd-ways", "qkvr", "--value-residual", "fixed"])])
 def test_seq2seq_train_then_generate_with_only_the_user_dir(scan_bin, arch, extra):

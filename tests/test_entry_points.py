@@ -409,7 +409,7 @@ def test_log_layer_weights_on_a_model_without_layer_weights_is_a_build_time_erro
 
     values = {"--hyper-connections": ["static"], "--mhc": ["sinkhorn"],
               "--frac-connections": ["static"], "--attn-res": ["full"],
-              "--value-residual": ["learnable"]}
+              "--value-residual": ["learnable"], "--laurel": ["rw_lr"]}
     pre_norm = ["--encoder-normalize-before", "--decoder-normalize-before"]
     for build, arch, extra, expect, refused in (
             (build_translation_model, "layerwise_transformer_tiny", pre_norm,

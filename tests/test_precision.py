@@ -39,6 +39,7 @@ SEQ2SEQ = {
     "mhc": ("mhc_transformer_tiny", SIZES),
     "frac_connections": ("frac_connections_transformer_tiny", SIZES),
     "attn_res_block": ("attn_res_block_transformer_tiny", SIZES),
+    "laurel_pa": ("laurel_pa_transformer_tiny", SIZES + ["--laurel-rank", "4"]),
 }
 LM_SIZES = ["--embed-dim", "30", "--layers", "2", "--attention-heads", "2",
             "--tokens-per-sample", "16"]  # head dim 15: the padded path where it runs
@@ -70,6 +71,11 @@ LMS = {
         "--cross-attention-heads", "3", "--criterion", "cross_entropy"]),
     "ar_encdec_lm_lrf": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--decoder-fusion"]),
+    "gpt_laurel": ("gpt_baseline_lm_tiny", LM_SIZES + ["--criterion", "cross_entropy",
+                                                      "--laurel", "rw_lr", "--laurel-rank", "4"]),
+    "ar_encdec_lm_laurel_pa": ("ar_encdec_lm_tiny", LM_SIZES + [
+        "--cross-attention-heads", "3", "--criterion", "cross_entropy", "--laurel", "rw_lr_pa",
+        "--laurel-rank", "4"]),
 }
 FAMILIES = sorted(SEQ2SEQ) + sorted(LMS)
 # |loss - float32 loss| / float32 loss and ||grad - float32 grad|| / ||float32 grad|| (all

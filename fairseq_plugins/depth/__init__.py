@@ -10,6 +10,7 @@ flags (a dataclass), their validation, its :class:`~.interface.Connection` and i
 - :mod:`.attn_res`: Attention Residuals, full and block (Kimi Team 2026);
 - :mod:`.mudd`: MUDD connections (Xiao et al. 2025);
 - :mod:`.value_residual`: value residual (Zhou et al. 2024);
+- :mod:`.laurel`: LAuReL, learned augmented residual layers (Menghani et al. 2025);
 - :mod:`.fusion`: LRF's fuse-attention over the history (Zheng et al. 2023; the sub-layer in
   :mod:`.lrf`) and DenseFormer's depth-weighted averages (Pagliardini et al. 2024; :mod:`.dwa`),
   with a flag per stack (``--encoder-fusion``, ``--decoder-fusion``, ``--fusion-kind``), which
@@ -24,7 +25,7 @@ functions here.
 """
 from typing import List, Mapping, Optional, Tuple
 
-from . import (attn_res, frac_connections, fused, fusion, hyper_connections, mhc, mudd,
+from . import (attn_res, frac_connections, fused, fusion, hyper_connections, laurel, mhc, mudd,
                multi_stream, recompute, value_residual, weight_decay)
 from .interface import Connection, Depth, Layout
 from . import registry
@@ -39,6 +40,7 @@ METHODS: Tuple[Method, ...] = (
     attn_res.METHOD,
     mudd.METHOD,
     value_residual.METHOD,
+    laurel.METHOD,
 )
 
 # the options every model family composes: the methods' and the machinery's
