@@ -74,6 +74,8 @@ LM_FIXTURES = {
         "--cross-attention-heads", "2", "--attn-res", "block", "--attn-res-blocks", "2"]),
     "ar_value_residual_lm": ("ar_encdec_lm_tiny", LM_SIZES + [
         "--cross-attention-heads", "2", "--value-residual", "learnable"]),
+    "gpt_laurel_lm": ("gpt_baseline_lm_tiny", LM_SIZES + [
+        "--laurel", "rw_lr_pa", "--laurel-rank", "4", "--laurel-lags", "2"]),
     # the encoder-decoder bridge over ar_encdec_lm's encoder
     "ar_transparent_lm": ("ar_encdec_lm_transparent_tiny", LM_SIZES + [
         "--cross-attention-heads", "2"]),
@@ -93,14 +95,19 @@ def _save(out, args, model):
                os.path.join(out, "checkpoint.pt"))
 
 
-def make_lm(name, arch, flags, out_root):
-    dictionary = make_dict(16, "w")
-    model, _, args = build_language_model(arch, flags, dictionary, seed=7)
+def _move_off_identity(model):
+    """The depth connections' parameters (RANDOMISED_LM) plus 0.3 seeded Gaussian noise."""
     torch.manual_seed(5)
     with torch.no_grad():
         for key, p in model.named_parameters():
             if any(part in key for part in RANDOMISED_LM):
                 p.add_(0.3 * torch.randn_like(p))
+
+
+def make_lm(name, arch, flags, out_root):
+    dictionary = make_dict(16, "w")
+    model, _, args = build_language_model(arch, flags, dictionary, seed=7)
+    _move_off_identity(model)
     args.data = "."
     out = os.path.join(out_root, name)
     _save(out, args, model)
@@ -138,11 +145,7 @@ def make(name, arch, flags, out_root):
                     p.normal_()
     if name in ("hyper_connections_transformer", "mudd_transformer", "mhc_lite_transformer",
                 "mudd_qkvr_value_transformer"):
-        torch.manual_seed(5)  # moved off the identity, as the language models' (RANDOMISED_LM)
-        with torch.no_grad():
-            for key, p in model.named_parameters():
-                if any(part in key for part in RANDOMISED_LM):
-                    p.add_(0.3 * torch.randn_like(p))
+        _move_off_identity(model)  # as the language models'
     args.data = "."
     out = os.path.join(out_root, name)
     _save(out, args, model)
