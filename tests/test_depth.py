@@ -259,6 +259,21 @@ def test_a_bad_option_ends_in_one_line_on_every_argparse_entry_point(lm_bin, tmp
     assert "ConfigError: --hc-expansion-rate must be >= 1, got 0" in proc.stderr
 
 
+def test_log_layer_weights_without_weights_is_refused_in_one_line(lm_bin, tmp_path):
+    """A model with nothing to log is refused when it is built, as every other option is: one
+    line naming the options that would add weights, status 2, no traceback."""
+    proc = run_cli("fairseq-train", lm_bin, "--user-dir", PLUGIN_DIR, "--task",
+                   "language_modeling", "--arch", "gpt_baseline_lm_tiny", "--log-layer-weights",
+                   "--tokens-per-sample", "32", "--optimizer", "adam", "--lr", "1e-3",
+                   "--batch-size", "4", "--max-update", "1", "--save-dir", tmp_path / "w",
+                   "--num-workers", "0", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: --log-layer-weights: gpt_baseline_lm_tiny has "
+                           "no layer-combining weights to log; switch on a method that has them")
+    assert "--laurel" in last and "--hyper-connections" in last
+
+
 def test_fairseq_train_finetunes_a_plain_checkpoint_with_a_connection(lm_bin, tmp_path):
     """fairseq-train --finetune-from-model of a gpt_baseline_lm checkpoint with
     --hyper-connections dynamic trains, says the connection starts at its initialisation, and

@@ -267,8 +267,9 @@ class CausalLM(NamesCheckpointMismatch, RecordsFusionWeights, weight_logging.Log
                                           for p in m.connection_parameters()])
         model = cls(decoder)
         if args.log_layer_weights:
-            model.start_logging_layer_weights(
-                args.arch, depth.weight_flags(model.fusion_stacks()))
+            with errors.refusals():  # a model without weights to log: refused in one line
+                model.start_logging_layer_weights(
+                    args.arch, depth.weight_flags(model.fusion_stacks()))
         logger.info("%s: %s parameters as the reference counts them (tied embedding once, "
                     "positional table excluded)", args.arch,
                     f"{decoder.reference_parameter_count():,}")

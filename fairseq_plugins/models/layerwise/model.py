@@ -74,9 +74,10 @@ class LayerwiseTransformerModel(NamesCheckpointMismatch, RecordsFusionWeights,
                                           for p in m.connection_parameters()])
         check_finetune_source(model, args)
         if args.log_layer_weights:
-            model.start_logging_layer_weights(
-                args.arch, [f"--bridge {kind}" for kind in bridge.KINDS if kind != "none"]
-                + depth.weight_flags(depth.registry.SIDES, options.LACKS))
+            with errors.refusals():  # a model without weights to log: refused in one line
+                model.start_logging_layer_weights(
+                    args.arch, [f"--bridge {kind}" for kind in bridge.KINDS if kind != "none"]
+                    + depth.weight_flags(depth.registry.SIDES, options.LACKS))
         return model
 
     @classmethod
