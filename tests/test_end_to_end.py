@@ -95,6 +95,36 @@ def test_a_user_dir_that_does_not_exist_is_one_line(tmp_path):
         "the absolute path of fairseq_plugins")
 
 
+def test_a_data_folder_without_dictionary_and_a_path_that_is_no_checkpoint_are_one_line(
+        tmp_path):
+    """fairseq's own FileNotFoundError for a folder without dict.txt and torch.load's error for
+    a --path that is no checkpoint: one line naming the path and what was expected, status 2;
+    with FAIRSEQ_PLUGINS_TRACEBACK=1 the traceback, as fairseq shows it."""
+    bin_dir = os.path.dirname(sys.executable)
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "train.txt").write_text("a b c\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dict.txt").write_text("a 1\nb 1\n")
+    (tmp_path / "notes.pt").write_text("not a checkpoint\n")
+    runs = {
+        "fairseq-train": ([str(tmp_path / "text"), "--task", "language_modeling", "--user-dir",
+                           PLUGIN_DIR, "--arch", "gpt_baseline_lm_tiny", "--batch-size", "2"],
+                          f"fairseq-train: error: no dictionary {tmp_path / 'text' / 'dict.txt'}: "
+                          "the data folder was not made by fairseq-preprocess for this task"),
+        "fairseq-eval-lm": ([str(tmp_path / "data"), "--path", str(tmp_path / "notes.pt")],
+                            f"fairseq-eval-lm: error: --path {tmp_path / 'notes.pt'}: not a "
+                            "checkpoint (torch.load cannot read it: "),
+    }
+    for program, (args, expected) in runs.items():
+        cmd = [os.path.join(bin_dir, program), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-500:]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
+        assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
 def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
     def run(*extra):
         proc = subprocess.run(
