@@ -173,6 +173,9 @@ LM_MISMATCHES = [  # (the checkpoint's flags, the model's, what the error says)
     (["--value-residual", "learnable"], [], "trained with --value-residual and this model was "
      "built without it (decoder.depth.value_residual)"),
     ([], ["--value-residual", "learnable"], "this model was built with --value-residual"),
+    # a fixed checkpoint into a plain model (fixed stored nothing until the variant was stored)
+    (["--value-residual", "fixed"], [], "trained with --value-residual and this model was "
+     "built without it (decoder.depth.value_residual)"),
     (["--layers", "3"], [], "the checkpoint lacks weights this model has, of another "
      "architecture or size (decoder.layers.*.ffn.fc1"),
 ]
@@ -384,6 +387,44 @@ def test_value_residual_with_lambdas_one_zero_is_the_plain_model():
             assert torch.equal(model(tokens)[0], plain(tokens)[0])
             depth.value_residual.lambdas[-1, 1] = 0.5  # the last block now reads V_1
             assert not torch.equal(model(tokens)[0], plain(tokens)[0])
+
+
+def test_value_residual_checkpoints_say_fixed_or_learnable_and_old_ones_load(caplog):
+    """The variant is in the checkpoint: fixed continues as learnable (the same function at the
+    start), learnable is refused by a fixed model; checkpoints saved before it was stored load
+    as they did (a learnable one with its lambdas, a fixed one without any entry, one log line)."""
+    import logging
+
+    def lm(kind, seed=0):
+        return _lm("gpt_baseline_lm_tiny", VALUE[f"value_{kind}"], seed=seed)[0]
+
+    fixed, learnable = lm("fixed"), lm("learnable")
+    assert {"decoder.depth.value_residual.lambdas", "decoder.depth.value_residual.variant"} <= \
+        set(fixed.state_dict())
+    with torch.no_grad():
+        learnable.decoder.depth.value_residual.lambdas.add_(0.1)
+    with pytest.raises(ValueError, match="trained with --value-residual learnable, this model "
+                                         "has --value-residual fixed"):
+        lm("fixed", seed=1).load_state_dict(learnable.state_dict())
+    tokens = _tokens()
+    continued = lm("learnable", seed=1)
+    with caplog.at_level(logging.INFO):
+        continued.load_state_dict(fixed.state_dict())
+    assert any("continues with learnable lambdas" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        assert torch.equal(continued.eval()(tokens)[0], fixed.eval()(tokens)[0])
+    old = {k: v for k, v in fixed.state_dict().items() if ".value_residual." not in k}
+    again = lm("fixed", seed=2)
+    again.load_state_dict(old)  # as saved before the variant was stored
+    with torch.no_grad():
+        assert torch.equal(again.eval()(tokens)[0], fixed(tokens)[0])
+    assert any("read as a --value-residual fixed checkpoint" in r.getMessage()
+               for r in caplog.records)
+    old = {k: v for k, v in learnable.state_dict().items() if not k.endswith(".variant")}
+    again = lm("learnable", seed=2)
+    again.load_state_dict(old)
+    assert torch.equal(again.decoder.depth.value_residual.lambdas,
+                       learnable.decoder.depth.value_residual.lambdas)
 
 
 def _train_steps(model, steps=5, lr=3e-2):

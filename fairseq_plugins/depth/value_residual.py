@@ -17,6 +17,7 @@ plain model at initialisation (the paper's method has no identity setting; ``lea
 with lambdas (1, 0) is, exactly).
 """
 from dataclasses import dataclass
+import logging
 from typing import Callable, Dict, Optional
 
 import torch
@@ -30,6 +31,7 @@ from .interface import StackState
 from .registry import VALUE_HOOK, VALUES, Method, Stack
 
 KINDS = ("none", "fixed", "learnable")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,7 +63,9 @@ METHOD = Method("value_residual", FLAG, CONFIG, active, build, PRESETS, role=VAL
 
 class ValueResidual(WeightSource, nn.Module):
     """``lambdas``: num_blocks x 2 (row n: block n's (lambda_1, lambda_2); row 0 unused), a
-    parameter when learnable, else a buffer of 0.5."""
+    parameter when learnable, else a buffer of 0.5; ``variant``: 0 fixed, 1 learnable. Both go
+    into the checkpoint, so that a checkpoint says it was trained with value residual, and which
+    (:meth:`upgrade_state_dict_named`)."""
 
     def __init__(self, num_blocks: int, learnable: bool):
         super().__init__()
@@ -70,7 +74,44 @@ class ValueResidual(WeightSource, nn.Module):
         if learnable:
             self.lambdas = nn.Parameter(lambdas)
         else:
-            self.register_buffer("lambdas", lambdas, persistent=False)
+            self.register_buffer("lambdas", lambdas)
+        self.register_buffer("variant", torch.tensor(int(learnable)))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints saved before the variant was stored: a learnable one (its lambdas, no
+        variant) gets its variant; one without any value-residual entry, loaded into a fixed
+        model, is read as a fixed checkpoint of that time (fixed stored nothing then; a plain
+        model's checkpoint looks the same, and one log line says so). A fixed checkpoint
+        continues in a learnable model (the lambdas start at its 0.5 / 0.5: the same function,
+        one log line); a learnable one in a fixed model is refused (the fixed mix would replace
+        its learned lambdas). A model without value residual refuses a checkpoint with it
+        (``checkpoint_names``), fixed or learnable."""
+        prefix = f"{name}." if name else ""
+        lambdas, variant = f"{prefix}lambdas", f"{prefix}variant"
+        if variant not in state_dict:
+            if lambdas in state_dict:  # learnable, saved before the variant was stored
+                state_dict[variant] = torch.tensor(1)
+            elif not self.learnable:
+                state_dict[lambdas] = self.lambdas.detach().clone()
+                state_dict[variant] = self.variant.clone()
+                logger.info(f"{name}: the checkpoint has no value-residual entries: read as a "
+                            "--value-residual fixed checkpoint saved before they were stored "
+                            "(a plain model's checkpoint looks the same; with value residual it "
+                            "computes another function)")
+                return
+            else:
+                return  # nothing to continue from: refused by name by the strict load
+        stored = int(state_dict[variant])
+        if stored == int(self.variant):
+            return
+        if self.learnable:
+            state_dict[variant] = self.variant.clone()
+            logger.info(f"{name}: a --value-residual fixed checkpoint continues with learnable "
+                        "lambdas, from its 0.5 / 0.5")
+            return
+        raise ValueError("the checkpoint's value residual was trained with --value-residual "
+                         "learnable, this model has --value-residual fixed (which would replace "
+                         "the learned lambdas by 0.5): use --value-residual learnable")
 
     def new_slot(self, x: Tensor) -> "_FirstValues":
         return _FirstValues()
