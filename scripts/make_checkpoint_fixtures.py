@@ -44,7 +44,8 @@ FIXTURES = {
     "transparent_transformer": ("transparent_transformer_tiny", SIZES),
     # the depth connections in layerwise_transformer (pre-norm presets)
     "hyper_connections_transformer": ("hyper_connections_transformer_tiny", SIZES),
-    "mudd_transformer": ("mudd_transformer_tiny", SIZES),
+    # the preset's residual way, as the fixture was written (the preset is the four ways since)
+    "mudd_transformer": ("mudd_transformer_tiny", SIZES + ["--mudd-ways", "r"]),
     "mhc_lite_transformer": ("mhc_lite_transformer_tiny", SIZES),
     # separate key / value inputs and the values' hook in the seq2seq self-attention
     "mudd_qkvr_value_transformer": ("mudd_transformer_tiny",

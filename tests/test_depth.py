@@ -1041,6 +1041,25 @@ def test_a_plain_seq2seq_checkpoint_continues_with_separate_inputs_at_their_init
                                    rtol=0, atol=1e-12)
 
 
+def test_mudd_seq2seq_presets_are_the_papers_four_ways_and_old_checkpoints_keep_theirs():
+    """mudd_transformer* build Q, K, V and R as the language models' presets do; the stored
+    fixture, saved when the preset was the residual way only, loads with its own options."""
+    import os
+
+    from fairseq import checkpoint_utils
+
+    model, _, args = build_translation_model("mudd_transformer_tiny")
+    assert args.mudd_ways is None or args.mudd_ways == "qkvr"
+    ways = [da.ways for da in model.encoder.depth.connection.aggregates]
+    assert ways[:-1] == [4] * (len(ways) - 1)
+    assert model.encoder.layers[1].key_layer_norm is not None
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "mudd_transformer",
+                           "checkpoint.pt")
+    (old,), _ = checkpoint_utils.load_model_ensemble([fixture], arg_overrides={
+        "data": os.path.dirname(fixture)})
+    assert [da.ways for da in old.encoder.depth.connection.aggregates] == [1] * len(ways)
+
+
 def test_seq2seq_each_stack_gets_its_own_connection():
     model, _, _ = build_translation_model("hyper_connections_transformer_tiny",
                                           ["--encoder-layers", "3"])

@@ -65,14 +65,16 @@ def test_every_method_declares_its_flags_presets_and_checkpoint_names():
 
 
 def test_the_families_presets_and_refusals_are_derived_from_the_needs():
-    # layerwise_transformer offers every need now; its presets keep the options they were
-    # registered with while it lacked separate inputs (MUDD's residual way)
+    # layerwise_transformer offers every need now: its presets are the language models' (MUDD's
+    # four ways, the paper's)
     assert layerwise_options.LACKS == {}
-    derived = depth.presets_for(layerwise_options.PRESETS_AS_WITHOUT)
+    derived = depth.presets_for(layerwise_options.LACKS)
     assert layerwise_presets.LAYERWISE_DEPTH == derived
-    assert derived["mudd"] == {"mudd": True, "mudd_ways": "r"}  # the remedy's options
+    assert derived["mudd"] == {"mudd": True}
     assert set(derived) == set(depth.PRESETS)
-    assert depth.presets_for({})["mudd"] == {"mudd": True}
+    # a family lacking separate inputs gets the remedy's options
+    reduced = depth.presets_for({registry.SEPARATE_INPUTS: "why not"})
+    assert reduced["mudd"] == {"mudd": True, "mudd_ways": "r"}
     # a need no remedy meets drops the preset
     assert "value_residual" not in depth.presets_for({registry.VALUE_HOOK: "why not"})
     flags = depth.weight_flags(registry.SIDES, {registry.SEPARATE_INPUTS: "why not"})

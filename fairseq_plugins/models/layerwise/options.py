@@ -29,11 +29,6 @@ FEATURES = (bridge, cross_attention, marian)
 # self-attention (modules/depth_self_attention.py) takes separate key / value inputs and a
 # values' hook on both of its paths, so nothing
 LACKS = {}
-# the seq2seq presets (<preset>_transformer...) keep the options they were registered with while
-# this family lacked separate key / value inputs (MUDD's residual way only): an arch's name keeps
-# its meaning; the flags give every option
-PRESETS_AS_WITHOUT = {
-    registry.SEPARATE_INPUTS: "the preset keeps the options it was registered with"}
 
 # fairseq's transformer options, flattened as its flags (--encoder-embed-dim, ...)
 FairseqTransformerOptions = config.flat_dataclass("FairseqTransformerOptions", TransformerConfig)

@@ -6,7 +6,7 @@ from ... import config, depth
 from ...modules.cross_attention import CROSS_ATTENTION_KINDS
 from ...registry import register_model_architecture
 from .model import MODEL_NAME, layerwise_base_architecture
-from .options import PRESETS_AS_WITHOUT
+from .options import LACKS
 
 # --arch layerwise_transformer: registered by register_model (a dataclass model); its defaults
 # are layerwise_base_architecture's, applied at build time
@@ -50,10 +50,11 @@ for _size, _size_fn in SIZES.items():
     register_preset(f"dwa_transformer{_size}", _size_fn, encoder_fusion=True,
                     decoder_fusion=True, fusion_kind="dwa")
 
-# <preset>_transformer{,_iwslt_de_en,_tiny} for every depth-connection preset (depth.presets_for:
-# as they were while this family lacked what options.PRESETS_AS_WITHOUT lists), in both stacks,
-# which are pre-norm (several methods are defined for pre-norm stacks only)
-LAYERWISE_DEPTH = depth.presets_for(PRESETS_AS_WITHOUT)
+# <preset>_transformer{,_iwslt_de_en,_tiny} for every depth-connection preset, as the language
+# models' (depth.presets_for: this family lacks nothing, so MUDD's are the paper's four ways; a
+# checkpoint saved while they were the residual way only stores --mudd-ways r in its options and
+# loads as it was), in both stacks, which are pre-norm (several methods are defined there only)
+LAYERWISE_DEPTH = depth.presets_for(LACKS)
 for _name, _options in LAYERWISE_DEPTH.items():
     for _size, _size_fn in SIZES.items():
         register_preset(f"{_name}_transformer{_size}", _size_fn, encoder_normalize_before=True,
