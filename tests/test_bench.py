@@ -62,7 +62,8 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
                                              "hc_dynamic_n4_recompute", "mhc_n4_recompute",
                                              "frac_dynamic_m4_recompute",
                                              "attn_res_full", "attn_res_block", "mudd",
-                                             "value_residual", "ar_encdec", "ar_encdec_bridge",
+                                             "value_residual", "laurel_rw_lr", "laurel_pa",
+                                             "ar_encdec", "ar_encdec_bridge",
                                              "ar_encdec_transparent",
                                              "ar_encdec_embedding_loss"}
     # time ratios: the median over the rotation's rounds of the ratio within a round

@@ -599,7 +599,11 @@ def test_every_committed_row_has_its_time_and_memory_measured(runs):
                 result = json.load(f)
             flags = result["flags"]
             embed_dim = flags[flags.index("--embed-dim") + 1]
-            for rows in files[depth_dir[1:]]:
+            # every file of the depth that measured the row (a method added later has files
+            # of its own beside the plain model): at least one for time and one for memory
+            measured_in = [rows for rows in files[depth_dir[1:]] if bench_row in rows]
+            assert len(measured_in) >= 2, (depth_dir, row)
+            for rows in measured_in:
                 # beyond the context's rows of positions, a checkpoint holds ar_encdec_lm's one
                 # more (its encoder adds the next position) and AttnRes Block's grouping buffer
                 extra = (result["params"] - rows[bench_row]["params_reference_count"]

@@ -60,6 +60,9 @@ METHODS = {
     "attn_res_block": (ARCH, ["--attn-res", "block", "--attn-res-blocks", "2"]),
     "mudd": (ARCH, ["--mudd"]),
     "value_residual": (ARCH, ["--value-residual", "learnable"]),
+    # r = 4 (3% of the comparison's width): the WikiText-2 comparison's rows
+    "laurel_rw_lr": (ARCH, ["--laurel", "rw_lr", "--laurel-rank", "4"]),
+    "laurel_pa": (ARCH, ["--laurel", "pa", "--laurel-rank", "4"]),
     "ar_encdec": ("ar_encdec_lm", []),
     "ar_encdec_bridge": ("ar_encdec_lm", ["--bridge", "fc"]),
     "ar_encdec_transparent": ("ar_encdec_lm", ["--bridge", "transparent"]),

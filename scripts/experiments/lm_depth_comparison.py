@@ -78,6 +78,10 @@ ROWS = {
     "attn_res_block": ("gpt_baseline_lm", ["--attn-res", "block", "--attn-res-blocks", "2"]),
     "mudd": ("gpt_baseline_lm", ["--mudd"]),
     "value_residual": ("gpt_baseline_lm", ["--value-residual", "learnable"]),
+    # LAuReL (docs/ideas/laurel.md): the paper's LLM setting (RW+LR) and PA (k = 3), r = 4, 3%
+    # of the width: under the 2% parameter threshold at 4 and 8 blocks
+    "laurel_rw_lr": ("gpt_baseline_lm", ["--laurel", "rw_lr", "--laurel-rank", "4"]),
+    "laurel_pa": ("gpt_baseline_lm", ["--laurel", "pa", "--laurel-rank", "4"]),
     "ar_encdec": ("ar_encdec_lm", []),
     "ar_encdec_bridge": ("ar_encdec_lm", ["--bridge", "fc"]),
     "ar_encdec_transparent": ("ar_encdec_lm", ["--bridge", "transparent"]),
@@ -91,6 +95,7 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
               "frac_connections": "frac_dynamic_m4", "attn_res_full": "attn_res_full",
               "attn_res_block": "attn_res_block",
               "mudd": "mudd", "value_residual": "value_residual",
+              "laurel_rw_lr": "laurel_rw_lr", "laurel_pa": "laurel_pa",
               **{row: row for row in ROWS if row.startswith("ar_encdec")}}
 # the committed runs of it that hold them, per measure, one file per depth (4 and 12 blocks: the
 # 800-update comparison; 8: the 8,000-update one's deeper depth), all at the comparison's own
@@ -101,9 +106,14 @@ BENCH_ROWS = {BASELINE: "plain", "dwa": "dwa", "lrf": "lrf",
 # stay mapped and the peak says what the allocator keeps, not what the step needs
 # (docs/benchmarks.md, "Depth connections in the language model")
 BENCH_DEPTHS = (4, 8, 12)
+# (LAuReL's rows, added later, measured at 4 and 8 blocks beside the plain model in files of
+# their own: every file's rows are read)
+LAUREL_BENCH_DEPTHS = (4, 8)
 BENCH_FILES = {
-    "train_time_ratio": tuple(f"bench_depth_pieces_retain_d{d}_cpu.json" for d in BENCH_DEPTHS),
-    "memory_growth_ratio": tuple(f"bench_depth_pieces_d{d}_cpu.json" for d in BENCH_DEPTHS)}
+    "train_time_ratio": tuple(f"bench_depth_pieces_retain_d{d}_cpu.json" for d in BENCH_DEPTHS)
+    + tuple(f"bench_depth_laurel_pieces_retain_d{d}_cpu.json" for d in LAUREL_BENCH_DEPTHS),
+    "memory_growth_ratio": tuple(f"bench_depth_pieces_d{d}_cpu.json" for d in BENCH_DEPTHS)
+    + tuple(f"bench_depth_laurel_pieces_d{d}_cpu.json" for d in LAUREL_BENCH_DEPTHS)}
 # the fewest seeds on either side of a test that give a verdict: the three; with two, a
 # bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
 # variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise

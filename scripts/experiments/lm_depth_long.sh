@@ -30,7 +30,7 @@ main() {
     cd "$(dirname "$0")/../.."
     OUT=${OUT:-$HOME/layerlab-runs/lm-depth-8k}
     KEEP=results/lm_depth_runs_8k
-    ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,attn_res_block,mudd,dwa,lrf,lrf_all_positions,value_residual,ar_encdec}
+    ROWS=${ROWS:-baseline,hc_static,hc_dynamic,mhc,frac_connections,attn_res_full,attn_res_block,mudd,dwa,lrf,lrf_all_positions,value_residual,laurel_rw_lr,laurel_pa,ar_encdec}
     python scripts/prepare/lm.py --dataset wikitext-2 --from "${WIKITEXT_FROM:-../shared/data/wikitext-2}"
     compare() {
         python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 \
