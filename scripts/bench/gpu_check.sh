@@ -18,9 +18,13 @@
 #   5. equality: 200 WikiText-2 updates of the comparison's recipe in fp32 with the kernels,
 #      without them, and with --cuda-graph (the same loss curve within fp32 rounding), and in
 #      fp16: fp16_check/results.{json,md}.
+#   6. anchors: fla-core's fused AttnRes read against ours (function and time) and
+#      TransformerEngine's Triton Sinkhorn against ours (scripts/bench/anchors.py), from
+#      .gpu-wheels: anchors.{json,md}.
 # After the stages, scripts/bench/gpu_targets.py checks the issue's targets against the bench
 # reports in OUT (this call's and an earlier call's): targets.{json,md}.
-#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph compile equality"] [FAIRSEQ_SRC=DIR]
+#   [OUT=DIR] [PYTHON=python3] [STAGES="tests bench graph compile equality anchors"]
+#   [FAIRSEQ_SRC=DIR]
 #   bash scripts/bench/gpu_check.sh
 # STAGES runs a subset (a lease too short for all five in one call). Needs a CUDA GPU, a Python
 # with torch and triton, and data-bin/wikitext-2 (python scripts/prepare/lm.py --dataset
@@ -32,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu_check}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-tests bench graph compile equality}
+STAGES=${STAGES:-tests bench graph compile equality anchors}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -105,6 +109,18 @@ if stage equality; then
         --rows baseline,hc_static,hc_dynamic,mhc,mhc_lite,frac_connections,attn_res_full,attn_res_block,mudd --eager --graph --jobs 9 \
         --out-dir "$OUT/fp16_check"
     echo "[gpu_check] 200-update equality: ${SECONDS}s" >&2
+fi
+if stage anchors; then
+    SECONDS=0
+    anchors=/tmp/gpu-anchors
+    mkdir -p "$anchors"
+    "$PY" -m pip install -q --no-index --no-deps --target "$anchors" .gpu-wheels/fla_core-*.whl \
+        .gpu-wheels/einops-*.whl || true
+    "$PY" -m zipfile -e .gpu-wheels/transformer_engine-*-none-any.whl "$anchors/te" || true
+    PYTHONPATH="$anchors${PYTHONPATH:+:$PYTHONPATH}" "$PY" scripts/bench/anchors.py \
+        --te-mhc "$anchors/te/transformer_engine/common/triton/mhc.py" --out "$OUT/anchors.json" \
+        > /dev/null || echo "[gpu_check] anchors failed" >&2
+    echo "[gpu_check] anchors: ${SECONDS}s" >&2
 fi
 # the issue's targets against whatever the stages above (this call's or an earlier one's) left
 # in $OUT: targets.{json,md}

@@ -18,6 +18,9 @@ mkdir -p "$DEST"
     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3 subword-nmt==0.3.8 \
     mock portalocker tabulate colorama lxml
+# the anchors of scripts/bench/anchors.py (gpu_check.sh's anchors stage): fla-core (pure
+# Python and Triton) and TransformerEngine's meta wheel, whose Triton mHC file the stage reads
+"$PIP" download -q --no-deps -d "$DEST" fla-core==0.6.0 einops transformer-engine==2.20.2
 # antlr4's runtime (hydra's parser) is published as a source distribution only
 "$PIP" download -q --no-deps -d "$DEST" antlr4-python3-runtime==4.9.3
 ls "$DEST"
