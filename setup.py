@@ -65,6 +65,8 @@ setup(
         # the comparison then refuses the data (its dictionary's digest differs)
         "sentencepiece==0.2.3",
         "subword-nmt",
+        # the experiment runner's launchers (layerlab.runner: this machine or Slurm)
+        "submitit",
     ],
     extras_require={
         # triton: the depth connections' GPU kernels, tested on CPU under its interpreter (the

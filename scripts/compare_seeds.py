@@ -14,7 +14,11 @@ exact match every ``--validate-every`` updates, the best checkpoint), dropout 0 
 ``--train-args`` says otherwise. ``--jobs N`` trains N runs at a time with one CPU thread each.
 Finished runs (a ``result.json`` in their directory, with the flags they were made with) are
 not repeated when the command is run again; a finished run made with other flags is an error,
-not a reused number. Writes ``results.json`` and ``results.md`` (mean, sample standard deviation
+not a reused number. The runs go through the experiment runner (``layerlab.runner``, submitit):
+``--launcher local`` (this machine, ``--jobs`` runs at a time, one thread each) or ``--launcher
+slurm`` (one job per run: ``--slurm-partition``, ``--gpus-per-run``, ``--time-limit``); every
+architecture is built once with the run's flags before anything trains, and one it refuses
+stops the command with one line naming it. Writes ``results.json`` and ``results.md`` (mean, sample standard deviation
 and every seed's value per architecture; each row's difference to ``--baseline`` with a 95%
 interval from a bootstrap over test sentences and seeds together, see layerlab/significance.py;
 training time relative to the baseline's) and ``results.png`` (bars with the seed spread).
@@ -27,7 +31,7 @@ import shlex
 import statistics
 import sys
 
-from layerlab import figures, recipes, runs, significance, stats
+from layerlab import figures, recipes, runner, runs, significance, stats
 
 
 def recipe(arch, args):
@@ -48,6 +52,37 @@ def recipe(arch, args):
                          "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
                          *spm],
             "subset": args.gen_subset, "checkpoint": checkpoint}
+
+
+def run_work(run, args):
+    """The runner's work for one run (submitit pickles it with the comparison's options)."""
+    return run_one(run.row.name, run.seed, args)
+
+
+def build_check(args):
+    """``build(row, setting)`` for the runner's check: the row's model as fairseq-train would
+    build it from the run's flags, over the data's dictionaries."""
+    import glob
+
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins import inprocess
+
+    found = sorted(glob.glob(os.path.join(args.data, "dict.*.txt")))
+    dicts = [Dictionary.load(path) for path in found[:2]] if len(found) >= 2 else [None, None]
+
+    def build(row, setting):
+        flags = recipe(row.arch, args)["train"]
+        inprocess.build_translation_model(row.arch, flags, *dicts)
+    return build
+
+
+def finished_result(args):
+    """The runner's ``done``: a finished run's result, checked against this recipe (a run
+    made with other flags raises runs.OtherRecipe, naming it)."""
+    def done(run):
+        return runs.load_result(run.run_dir, recipe(run.row.name, args))
+    return done
 
 
 def run_one(arch, seed, args):
@@ -133,7 +168,15 @@ def main(argv=None):
                    help="--recipe linear_decay: updates between validations (default 500)")
     p.add_argument("--beam", type=int, default=5, help="fairseq-generate --beam (1: greedy)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at the same time; more than 1: one CPU thread each")
+                   help="runs trained at the same time; more than 1: one CPU thread each "
+                        "(--launcher slurm: jobs of the array at a time)")
+    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local",
+                   help="where the runs go (layerlab.runner, submitit): this machine, a Slurm "
+                        "cluster, or this process (debug)")
+    p.add_argument("--slurm-partition", help="--launcher slurm: the partition")
+    p.add_argument("--gpus-per-run", type=int, default=0, help="--launcher slurm: GPUs per run")
+    p.add_argument("--time-limit", type=int, default=24 * 60,
+                   help="--launcher slurm: minutes per run")
     p.add_argument("--max-len-a", type=float, default=1.2,
                    help="fairseq-generate --max-len-a (SCAN: 0, its outputs are up to 48 tokens)")
     p.add_argument("--max-len-b", type=int, default=10, help="fairseq-generate --max-len-b "
@@ -168,21 +211,30 @@ def main(argv=None):
                         *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     provenance = {"command": command, "package_version": runs.package_version(),
                   "date": datetime.date.today().isoformat()}
-    todo = [(arch, seed) for arch in archs for seed in seeds]
-    if args.jobs > 1:
-        # parallel runs share the cores: one thread each, as the quickstart does
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    print(f"[compare] {len(todo)} runs, {args.jobs} at a time ...", flush=True)
-    done = {}
+    comparison = runner.Comparison(
+        "compare_seeds", [runner.Row(arch, arch) for arch in archs], ["data"], seeds,
+        args.baseline, layout=lambda setting, row, seed: f"{row}-seed{seed}")
     try:
-        for (arch, seed, _), result in runs.in_parallel(
-                run_one, [(arch, seed, args) for arch, seed in todo], args.jobs):
-            done[arch, seed] = result
-            print(f"[compare] {arch} seed {seed}: {args.metric} {result[args.metric]}",
-                  flush=True)
-    except runs.StepError as e:
+        launcher = runner.Launcher(args.launcher, args.jobs,
+                                   os.path.join(args.out_dir, "submitit"),
+                                   args.slurm_partition, args.gpus_per_run, args.time_limit)
+        comparison.check(build_check(args))
+    except runner.PlanError as e:
+        p.error(str(e))
+    plan = comparison.plan(args.out_dir)
+    # arch by arch, as before (the runner's seed-by-seed order suits long comparisons)
+    plan.sort(key=lambda run: (archs.index(run.row.name), run.seed))
+    print(f"[compare] {len(plan)} runs, {args.jobs} at a time ({args.launcher}) ...", flush=True)
+
+    def report(run, result):
+        print(f"[compare] {run.row.name} seed {run.seed}: {args.metric} {result[args.metric]}",
+              flush=True)
+    try:
+        done = runner.launch(plan, run_work, (args,), launcher, on_result=report,
+                             done=finished_result(args))
+    except (runner.RunFailed, runs.StepError) as e:
         raise SystemExit(f"compare_seeds: {e}") from None
-    rows = [done[key] for key in todo]
+    rows = [done[run.key] for run in plan]
     summary = stats.summarise(rows, args.metric)
     compare_to_baseline(summary, rows, args)
     table = markdown(summary, args)

@@ -1,0 +1,269 @@
+"""The experiment runner: a comparison declared as rows, settings and seeds; its runs planned in
+one order, launched through submitit and collected (docs/experiments.md, "The runner").
+
+A comparison is a :class:`Comparison`: its rows (each an architecture and its flags), the
+settings every row runs in (a task, a depth), the seeds and the baseline row. The runner owns:
+
+- **planning** (:meth:`Comparison.plan`): one :class:`Run` per (setting, row, seed), each with
+  its own folder ``<out>/<setting>/<row>/seed<seed>``, ordered seed by seed (every row's first
+  seed in every setting before any second seed), so that a comparison stopped part-way has
+  every row at the seeds it reached;
+- **refusals before anything trains** (:meth:`Comparison.check`): an unknown baseline, a row
+  of a setting that is not declared, a row whose flags the model family refuses (each row's
+  model is built in-process once, on the settings' data dictionaries): one line each;
+- **launching** (:func:`launch`): every run that has no ``result.json`` is submitted through
+  submitit: ``local`` (this machine, ``jobs`` runs at a time, one thread each), ``slurm``
+  (one job per run, with a partition, GPUs per run and a time limit; ``jobs`` at a time as a
+  job array's parallelism) or ``debug`` (in this process, for tests). A finished run (its
+  ``result.json``) is not submitted again; the work function itself resumes what it can;
+- **collecting**: each run's result, in plan order; a run that failed stops the comparison
+  with one line naming it and the end of its log (a diverged run is the work's result to
+  report, not a failure).
+
+The work of one run is a plain function ``work(run, *args) -> dict`` (train, score, write
+``result.json``), picklable for submitit (a module's function, or a script's: submitit pickles
+it by value).
+"""
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+LAUNCHERS = ("local", "slurm", "debug")
+# the environment a local run starts with: one thread per run (several runs share the cores)
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class PlanError(ValueError):
+    """A comparison that cannot run as declared: one line, raised before anything trains."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a comparison: ``arch`` with ``flags`` (a tuple of strings)."""
+    name: str
+    arch: str
+    flags: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run: ``row`` in ``setting`` with ``seed``, in its own folder ``run_dir``."""
+    setting: str
+    row: Row
+    seed: int
+    run_dir: str
+
+    @property
+    def key(self) -> Tuple[str, str, int]:
+        return self.setting, self.row.name, self.seed
+
+
+@dataclasses.dataclass
+class Comparison:
+    """A comparison's declaration: ``rows`` in order, the ``settings`` they run in, ``seeds``
+    and the ``baseline`` row; ``only`` limits a row to some settings ({row: settings}; the
+    others run in every setting); ``layout(setting, row, seed)``: a run's folder under the
+    output folder."""
+    name: str
+    rows: Sequence[Row]
+    settings: Sequence[str]
+    seeds: Sequence[int]
+    baseline: str
+    only: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    # a run's folder under the output folder (default <setting>/<row>/seed<seed>): a script
+    # whose earlier runs lie elsewhere keeps resuming them
+    layout: Optional[Callable[[str, str, int], str]] = None
+
+    def row(self, name: str) -> Row:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise PlanError(f"{self.name}: unknown row {name!r}; known: "
+                        f"{', '.join(r.name for r in self.rows)}")
+
+    def check(self, build: Optional[Callable[[Row, str], None]] = None):
+        """The refusals that need no training, one line each (:class:`PlanError`): duplicate
+        rows, an unknown baseline or ``only`` row, a setting in ``only`` that is not declared,
+        no seeds; with ``build(row, setting)``, every row's model built once per setting it
+        runs in (a flag the family refuses raises there; its message is kept, the row named)."""
+        names = [row.name for row in self.rows]
+        if len(set(names)) != len(names):
+            raise PlanError(f"{self.name}: a row is declared twice: {', '.join(names)}")
+        if not self.seeds:
+            raise PlanError(f"{self.name}: no seeds")
+        self.row(self.baseline)
+        for name, settings in self.only.items():
+            self.row(name)
+            unknown = [s for s in settings if s not in self.settings]
+            if unknown:
+                raise PlanError(f"{self.name}: row {name} is limited to {', '.join(unknown)}, "
+                                f"which is not among the settings {', '.join(self.settings)}")
+        if build is not None:
+            for setting in self.settings:
+                for row in self.rows_in(setting):
+                    try:
+                        build(row, setting)
+                    except (ValueError, SystemExit) as error:
+                        message = str(error).strip().splitlines()[-1] if str(error) else \
+                            type(error).__name__
+                        raise PlanError(f"{self.name}: row {row.name} ({row.arch} "
+                                        f"{' '.join(row.flags)}) in {setting}: "
+                                        f"{message}") from error
+
+    def rows_in(self, setting: str) -> List[Row]:
+        return [row for row in self.rows
+                if row.name not in self.only or setting in self.only[row.name]]
+
+    def plan(self, out_dir: str) -> List[Run]:
+        """Every run, seed by seed: all rows' first seed (setting by setting) before any
+        second seed."""
+        def folder(setting, row, seed):
+            if self.layout is not None:
+                return os.path.join(out_dir, self.layout(setting, row, seed))
+            return os.path.join(out_dir, setting, row, f"seed{seed}")
+        return [Run(setting, row, seed, folder(setting, row.name, seed))
+                for seed in self.seeds for setting in self.settings
+                for row in self.rows_in(setting)]
+
+
+def finished(run: Run) -> bool:
+    return os.path.isfile(os.path.join(run.run_dir, "result.json"))
+
+
+def read_result(run: Run) -> Optional[dict]:
+    """A finished run's ``result.json`` (None: not finished)."""
+    import json
+
+    if not finished(run):
+        return None
+    with open(os.path.join(run.run_dir, "result.json")) as f:
+        return json.load(f)
+
+
+@dataclasses.dataclass
+class Launcher:
+    """Where the runs go: ``kind`` (:data:`LAUNCHERS`), ``jobs`` at a time, submitit's
+    ``folder`` (its logs and pickles), and for Slurm the ``partition``, ``gpus`` per run,
+    ``time_limit`` in minutes and ``cpus`` per run."""
+    kind: str = "local"
+    jobs: int = 1
+    folder: str = "submitit"
+    partition: Optional[str] = None
+    gpus: int = 0
+    time_limit: int = 24 * 60
+    cpus: int = 1
+
+    def __post_init__(self):
+        if self.kind not in LAUNCHERS:
+            raise PlanError(f"--launcher {self.kind}: one of {', '.join(LAUNCHERS)}")
+        if self.jobs < 1:
+            raise PlanError(f"--jobs {self.jobs}: at least 1")
+        if self.kind != "slurm" and (self.partition or self.gpus):
+            raise PlanError("--slurm-partition and --gpus-per-run apply to --launcher slurm")
+
+    def slurm_parameters(self) -> Dict[str, Any]:
+        """submitit's Slurm parameters of one run (a job of one task)."""
+        out = {"timeout_min": self.time_limit, "cpus_per_task": self.cpus, "nodes": 1,
+               "tasks_per_node": 1, "slurm_array_parallelism": self.jobs}
+        if self.partition:
+            out["slurm_partition"] = self.partition
+        if self.gpus:
+            out["gpus_per_node"] = self.gpus
+        return out
+
+    def executor(self):
+        import submitit
+
+        if self.kind == "debug":
+            return submitit.DebugExecutor(folder=self.folder)
+        if self.kind == "local":
+            return submitit.LocalExecutor(folder=self.folder)
+        executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm")
+        executor.update_parameters(**self.slurm_parameters())
+        return executor
+
+
+class RunFailed(RuntimeError):
+    """A run's work raised: the message names the run and ends with what it raised."""
+
+
+def launch(runs: Iterable[Run], work: Callable[..., dict], args: tuple = (),
+           launcher: Optional[Launcher] = None,
+           on_result: Optional[Callable[[Run, dict], None]] = None,
+           done: Callable[[Run], Optional[dict]] = read_result,
+           poll: float = 2.0) -> Dict[Tuple[str, str, int], dict]:
+    """``work(run, *args)`` for every run of ``runs`` that is not finished (``done(run)``: its
+    result, None where it must run; by default its ``result.json``, and a script whose results
+    must match its recipe raises there), ``launcher.jobs`` at a time -> {run.key: its result}
+    in plan order. ``on_result(run, result)`` is called as each run finishes. A failed run: the
+    runs not yet submitted are not, the running ones are waited for, then :class:`RunFailed`."""
+    launcher = launcher or Launcher()
+    runs = list(runs)
+    results: Dict[Tuple[str, str, int], dict] = {}
+    todo = []
+    for run in runs:
+        result = done(run)
+        if result is not None:
+            results[run.key] = result
+        else:
+            todo.append(run)
+    if todo:
+        os.makedirs(launcher.folder, exist_ok=True)
+        executor = launcher.executor()
+        saved = {key: os.environ.get(key) for key in ONE_THREAD}
+        if launcher.kind == "local" and launcher.jobs > 1:
+            os.environ.update(ONE_THREAD)  # the submitted processes inherit it
+        try:
+            _submit_all(executor, launcher, todo, work, args, results, on_result, poll)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    return {run.key: results[run.key] for run in runs}
+
+
+def _raised(error: Exception) -> str:
+    """What a run raised: the exception line of the traceback a failed submitit job carries
+    (its last 'SomeError: ...' line), else the error itself."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in reversed(lines):
+        name = line.split(":", 1)[0]
+        if name.replace(".", "").replace("_", "").isalnum() and (
+                name.endswith("Error") or name.endswith("Exception")):
+            return line
+    return f"{type(error).__name__}: {error}"
+
+
+def _submit_all(executor, launcher, todo, work, args, results, on_result, poll):
+    waiting = list(todo)
+    running: List[Tuple[Run, Any]] = []
+    failure = None
+    while waiting or running:
+        while waiting and len(running) < launcher.jobs and failure is None:
+            run = waiting.pop(0)
+            running.append((run, executor.submit(work, run, *args)))
+        still = []
+        for run, job in running:
+            if launcher.kind != "debug" and not job.done():
+                still.append((run, job))
+                continue
+            try:
+                result = job.result()
+            except Exception as error:  # submitit's FailedJobError carries the traceback
+                if failure is None:
+                    failure = RunFailed(f"{run.row.name} in {run.setting}, seed {run.seed} "
+                                        f"failed ({run.run_dir}): {_raised(error)}")
+                continue
+            results[run.key] = result
+            if on_result:
+                on_result(run, result)
+        running = still
+        if failure is not None:
+            waiting = []
+        if running:
+            time.sleep(poll)
+    if failure is not None:
+        raise failure

@@ -1,0 +1,151 @@
+"""layerlab.runner: a comparison's plan, its refusals before anything trains, and its runs
+launched through submitit (debug and local executors; Slurm's parameters and executor with a
+stand-in srun: nothing here needs a cluster)."""
+import json
+import os
+import stat
+
+import pytest
+
+from layerlab import runner
+from layerlab.runner import Comparison, Launcher, PlanError, Row
+
+ROWS = (Row("baseline", "transformer_tiny"), Row("lrf", "fusion_transformer_tiny"),
+        Row("hc", "hyper_connections_transformer_tiny", ("--hc-expansion-rate", "2")))
+
+
+def _comparison(**changes):
+    spec = dict(name="toy", rows=ROWS, settings=("multi30k", "cogs"), seeds=(1, 2),
+                baseline="baseline", only={"hc": ("multi30k",)})
+    spec.update(changes)
+    return Comparison(**spec)
+
+
+def test_the_plan_goes_seed_by_seed_and_keeps_a_folder_per_run(tmp_path):
+    plan = _comparison().plan(str(tmp_path))
+    assert [run.key for run in plan] == [
+        ("multi30k", "baseline", 1), ("multi30k", "lrf", 1), ("multi30k", "hc", 1),
+        ("cogs", "baseline", 1), ("cogs", "lrf", 1),
+        ("multi30k", "baseline", 2), ("multi30k", "lrf", 2), ("multi30k", "hc", 2),
+        ("cogs", "baseline", 2), ("cogs", "lrf", 2)]
+    assert plan[2].run_dir == str(tmp_path / "multi30k" / "hc" / "seed1")
+    assert len({run.run_dir for run in plan}) == len(plan)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(baseline="plain"), "toy: unknown row 'plain'; known: baseline, lrf, hc"),
+    (dict(rows=ROWS + (Row("lrf", "x"),)), "a row is declared twice"),
+    (dict(only={"hc": ("wmt",)}), "row hc is limited to wmt, which is not among the settings"),
+    (dict(only={"bridge": ("cogs",)}), "unknown row 'bridge'"),
+    (dict(seeds=()), "toy: no seeds"),
+])
+def test_a_declaration_that_cannot_run_is_one_line(changes, message):
+    with pytest.raises(PlanError) as error:
+        _comparison(**changes).check()
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_row_the_family_refuses_is_named_before_anything_trains():
+    from fairseq_plugins.inprocess import build_translation_model
+
+    def build(row, setting):
+        build_translation_model(row.arch, list(row.flags))
+
+    rows = ROWS + (Row("mhc_post_norm", "layerwise_transformer_tiny", ("--mhc", "sinkhorn")),)
+    _comparison().check(build)  # every declared row builds
+    with pytest.raises(PlanError) as error:
+        _comparison(rows=rows).check(build)
+    text = str(error.value)
+    assert text.startswith("toy: row mhc_post_norm (layerwise_transformer_tiny --mhc sinkhorn) "
+                           "in multi30k: --mhc is defined for pre-norm stacks only")
+    assert "\n" not in text
+
+
+def _work(run, tag):
+    """A run's work as a comparison's: its result.json in its folder."""
+    os.makedirs(run.run_dir, exist_ok=True)
+    result = {"row": run.row.name, "seed": run.seed, "tag": tag, "pid": os.getpid(),
+              "threads": os.environ.get("OMP_NUM_THREADS")}
+    with open(os.path.join(run.run_dir, "result.json"), "w") as f:
+        json.dump(result, f)
+    return result
+
+
+def test_debug_launch_collects_in_plan_order_and_skips_finished_runs(tmp_path):
+    comparison = _comparison(settings=("multi30k",), only={})
+    plan = comparison.plan(str(tmp_path / "runs"))
+    launcher = Launcher("debug", folder=str(tmp_path / "submitit"))
+    seen = []
+    results = runner.launch(plan[:2], _work, ("first",), launcher,
+                            on_result=lambda run, result: seen.append(run.key))
+    assert list(results) == [run.key for run in plan[:2]] and seen == list(results)
+    results = runner.launch(plan, _work, ("second",), launcher)
+    assert list(results) == [run.key for run in plan]
+    # the first two were finished: read, not run again
+    assert [r["tag"] for r in results.values()] == ["first"] * 2 + ["second"] * 4
+
+
+def test_local_launch_runs_in_separate_processes_one_thread_each(tmp_path):
+    plan = _comparison(settings=("cogs",), only={}, seeds=(1,)).plan(str(tmp_path / "runs"))
+    launcher = Launcher("local", jobs=2, folder=str(tmp_path / "submitit"))
+
+    def work(run):  # pickled by value: the submitted process need not import this module
+        import json
+        import os
+
+        os.makedirs(run.run_dir, exist_ok=True)
+        result = {"row": run.row.name, "pid": os.getpid(),
+                  "threads": os.environ.get("OMP_NUM_THREADS")}
+        with open(os.path.join(run.run_dir, "result.json"), "w") as f:
+            json.dump(result, f)
+        return result
+
+    before = os.environ.get("OMP_NUM_THREADS")
+    results = runner.launch(plan, work, (), launcher, poll=0.2)
+    assert [r["row"] for r in results.values()] == ["baseline", "lrf", "hc"]
+    assert all(r["pid"] != os.getpid() and r["threads"] == "1" for r in results.values())
+    assert os.environ.get("OMP_NUM_THREADS") == before  # this process's setting is restored
+
+
+def test_a_failed_run_stops_the_comparison_naming_it(tmp_path):
+    rows = (Row("baseline", "a"), Row("broken", "b"), Row("after", "c"))
+    plan = _comparison(rows=rows, settings=("cogs",), only={}, seeds=(1,)).plan(str(tmp_path))
+    def work(run):  # in a submitted process (submitit's debug executor would stop in pdb)
+        import json
+        import os
+
+        if run.row.name == "broken":
+            raise RuntimeError(f"no data for {run.row.name}")
+        os.makedirs(run.run_dir, exist_ok=True)
+        with open(os.path.join(run.run_dir, "result.json"), "w") as f:
+            json.dump({}, f)
+        return {}
+
+    with pytest.raises(runner.RunFailed) as error:
+        runner.launch(plan, work, (), Launcher("local", folder=str(tmp_path / "s")), poll=0.2)
+    assert "broken in cogs, seed 1 failed" in str(error.value)
+    assert str(error.value).endswith("RuntimeError: no data for broken")
+    assert runner.finished(plan[0]) and not runner.finished(plan[2])  # not submitted after
+
+
+def test_slurm_launcher_sets_partition_gpus_time_and_parallelism(tmp_path, monkeypatch):
+    launcher = Launcher("slurm", jobs=4, folder=str(tmp_path / "s"), partition="gpu", gpus=1,
+                        time_limit=90, cpus=8)
+    assert launcher.slurm_parameters() == {
+        "timeout_min": 90, "cpus_per_task": 8, "nodes": 1, "tasks_per_node": 1,
+        "slurm_array_parallelism": 4, "slurm_partition": "gpu", "gpus_per_node": 1}
+    # submitit's Slurm executor checks for srun: a stand-in that is never called
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    executor = launcher.executor()
+    parameters = executor._executor.parameters
+    assert parameters["partition"] == "gpu" and parameters["gpus_per_node"] == 1
+    assert parameters["time"] == 90 and parameters["array_parallelism"] == 4
+    with pytest.raises(PlanError, match="apply to --launcher slurm"):
+        Launcher("local", partition="gpu")
+    with pytest.raises(PlanError, match="--launcher cloud: one of local, slurm, debug"):
+        Launcher("cloud")
