@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import accumulator
+from .row_tiles import row_tile
 
 BLOCK_W = 64
 EPS = 1e-5
@@ -53,11 +54,8 @@ def _row_products(x_row, w_ptr, width, j, j_mask, R_PAD: tl.constexpr, BLOCK: tl
     s1 = tl.zeros((BLOCK,), dtype=ACC)
     s2 = tl.zeros((BLOCK,), dtype=ACC)
     for start in range(0, width, BLOCK):
-        c = start + tl.arange(0, BLOCK)
-        c_mask = c < width
-        x = tl.load(x_row + c, mask=c_mask, other=0.0).to(ACC)
-        w = tl.load(w_ptr + j[:, None] * width + c[None, :],
-                    mask=j_mask[:, None] & c_mask[None, :], other=0.0).to(ACC)  # R_PAD x BLOCK
+        # w: R_PAD x BLOCK
+        c, c_mask, x, w = row_tile(x_row, w_ptr, width, j, j_mask, start, BLOCK, ACC)
         acc += tl.sum(w * x[None, :], axis=1)
         w_sum += tl.sum(w, axis=1)
         s1 += x
@@ -111,11 +109,7 @@ def _backward_kernel(x_ptr, w_ptr, b_ptr, a_ptr, grad_ptr, mean_ptr, rstd_ptr, g
     factor = 2.0 * g_var / width
     shift = g_mean / width - factor * mean
     for start in range(0, width, BLOCK):
-        c = start + tl.arange(0, BLOCK)
-        c_mask = c < width
-        x = tl.load(x_row + c, mask=c_mask, other=0.0).to(ACC)
-        w = tl.load(w_ptr + j[:, None] * width + c[None, :],
-                    mask=j_mask[:, None] & c_mask[None, :], other=0.0).to(ACC)
+        c, c_mask, x, w = row_tile(x_row, w_ptr, width, j, j_mask, start, BLOCK, ACC)
         g_x = tl.sum(g_p[:, None] * w, axis=0) + shift + factor * x
         tl.store(grad_x_ptr + row * width + c, g_x.to(grad_x_ptr.dtype.element_ty),
                  mask=c_mask)

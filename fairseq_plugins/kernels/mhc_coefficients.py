@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import accumulator
+from .row_tiles import row_tile
 
 BLOCK_W = 64
 EPS = 1e-6  # mHC's RMSNorm eps (mhc.RMS_EPS; tested equal)
@@ -41,11 +42,7 @@ def _row_products(x_row, w_ptr, width, j, j_mask, M_PAD: tl.constexpr, BLOCK: tl
     acc = tl.zeros((M_PAD,), dtype=ACC)
     squares = tl.zeros((BLOCK,), dtype=ACC)
     for start in range(0, width, BLOCK):
-        c = start + tl.arange(0, BLOCK)
-        c_mask = c < width
-        x = tl.load(x_row + c, mask=c_mask, other=0.0).to(ACC)
-        w = tl.load(w_ptr + j[:, None] * width + c[None, :],
-                    mask=j_mask[:, None] & c_mask[None, :], other=0.0).to(ACC)
+        c, c_mask, x, w = row_tile(x_row, w_ptr, width, j, j_mask, start, BLOCK, ACC)
         acc += tl.sum(w * x[None, :], axis=1)
         squares += x * x
     return acc, tl.sum(squares, axis=0)
@@ -105,11 +102,7 @@ def _backward_kernel(x_ptr, w_ptr, gates_ptr, pre_ptr, post_ptr, res_ptr, grad_p
         tl.store(g_gates_ptr + row * 3 + k, tl.sum(tl.where(group == k, g_au, 0.0), axis=0))
     factor = -tl.sum(g_u * acc, axis=0) * r * r * r / width
     for start in range(0, width, BLOCK):
-        c = start + tl.arange(0, BLOCK)
-        c_mask = c < width
-        x = tl.load(x_row + c, mask=c_mask, other=0.0).to(ACC)
-        w = tl.load(w_ptr + j[:, None] * width + c[None, :],
-                    mask=j_mask[:, None] & c_mask[None, :], other=0.0).to(ACC)
+        c, c_mask, x, w = row_tile(x_row, w_ptr, width, j, j_mask, start, BLOCK, ACC)
         g_x = tl.sum(g_p[:, None] * w, axis=0) + factor * x
         tl.store(grad_x_ptr + row * width + c, g_x.to(grad_x_ptr.dtype.element_ty),
                  mask=c_mask)
