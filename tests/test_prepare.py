@@ -147,6 +147,40 @@ def test_cogs_real_files_via_download_path(tmp_path):
     assert json.loads((text / "prepared.json").read_text())["splits"] == ["train", "dev", "test"]
 
 
+@pytest.mark.skipif(not os.path.isfile(os.path.join(COGS, "gen_dev.tsv")),
+                    reason="../shared/data/cogs/gen_dev.tsv not present")
+def test_cogs_gen_dev_from_the_shared_folder(tmp_path):
+    """The default splits read gen_dev.tsv where --from has it: 143 of each of 21 categories,
+    binarised as the subset after test (test1)."""
+    proc = _run("cogs.py", "--from", COGS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "test=test, test1=gen_dev" in proc.stdout
+    text, out = tmp_path / "data" / "cogs", tmp_path / "data-bin" / "cogs"
+    categories = (text / "gen_dev.cat").read_text().splitlines()
+    assert len(categories) == 3003 and len(set(categories)) == 21
+    assert all(categories.count(c) == 143 for c in set(categories))
+    assert _count(out / "test1.in-out.in", out / "dict.in.txt") == 3003
+    expected = [line.split("\t")[0] for line in
+                open(os.path.join(COGS, "gen_dev.tsv"), encoding="utf-8").read().splitlines()]
+    assert (text / "gen_dev.in").read_text().splitlines() == expected
+
+
+def test_cogs_gen_dev_is_every_seventh_example_of_each_category_of_gen(tmp_path):
+    """Without gen_dev.tsv, gen_dev is taken from the release's gen.tsv: each category's
+    examples 0, 7, ..., 994 (143 of 1,000); a gen.tsv of other categories is refused."""
+    cogs = load_script("prepare", "cogs.py")
+    rows = [[f"s{c}_{i}", f"l{c}_{i}", f"cat{c}"] for i in range(1000) for c in range(21)]
+    picked = cogs.gen_dev_rows(rows)
+    assert len(picked) == 3003
+    assert [r[0] for r in picked[:3]] == ["s0_0", "s0_7", "s0_14"]
+    assert picked[143][0] == "s1_0" and picked[142][0] == "s0_994"
+    cogs.check_gen_dev(picked, "x")
+    with pytest.raises(cogs.common.PrepareError, match="expected 21 categories of 1000"):
+        cogs.gen_dev_rows(rows[:-1])
+    with pytest.raises(cogs.common.PrepareError, match="expected 21 categories of 143"):
+        cogs.check_gen_dev(picked[1:], "gen_dev.tsv")
+
+
 @pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
 def test_multi30k_real_files(tmp_path):
     proc = _run("multi30k.py", "--from", MULTI30K, "--vocab-size", "2000", cwd=tmp_path)
