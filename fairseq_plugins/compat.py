@@ -21,7 +21,10 @@ def _checkpoint_safe_globals():
     unpickled. A fairseq checkpoint holds an ``argparse.Namespace`` (legacy models) and omegaconf
     containers (the training config). When several processes resume a run, rank 0 broadcasts the
     loaded state with torch.save/torch.load, which also carries fairseq's ``_TensorPlaceholder``
-    and plain containers. This list is the allow-list: no blanket ``weights_only=False``.
+    and plain containers. Validation with ``--eval-bleu`` keeps its n-gram counts as numpy
+    arrays in fairseq's meters, which the checkpoint's ``extra_state`` holds: numpy's array
+    reconstruction and its numeric dtypes (not object arrays). This list is the allow-list: no
+    blanket ``weights_only=False``.
     """
     from omegaconf import DictConfig, ListConfig
     from omegaconf.base import ContainerMetadata, Metadata
@@ -45,7 +48,20 @@ def _checkpoint_safe_globals():
         int,
         collections.defaultdict,
         _TensorPlaceholder,
+        *_numpy_array_globals(),
     ]
+
+
+def _numpy_array_globals():
+    """What unpickling a numeric numpy array or scalar reads: the reconstruction functions,
+    ``ndarray``, ``dtype`` and the numeric dtype classes (numpy >= 1.25 has ``np.dtypes``)."""
+    core = getattr(np, "_core", None) or np.core
+    out = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        out += [getattr(dtypes, name) for name in dir(dtypes) if name.endswith("DType")
+                and name not in ("ObjectDType", "VoidDType", "StringDType")]
+    return out
 
 
 def _add_numpy_aliases():

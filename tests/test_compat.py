@@ -45,6 +45,29 @@ def test_allow_list_is_not_blanket(tmp_path):
         torch.load(tmp_path / "foreign.pt")
 
 
+def test_a_checkpoint_with_eval_bleu_counts_loads_with_weights_only(tmp_path):
+    """fairseq's --eval-bleu keeps its n-gram counts as numpy arrays in the meters that the
+    checkpoint's extra_state holds: torch's safe loading, which fairseq's load uses, reads them
+    (fairseq-generate, resuming; the whole path: tests/test_encdec_comparison.py); an object
+    array stays refused."""
+    counts = {"val": np.array([373, 365, 357, 349]), "sum": np.array([2.5e4, 1.0])}
+    state = {"model": {"w": torch.zeros(2)}, "args": argparse.Namespace(arch="x"),
+             "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                                    "optimizer_name": "none", "lr_scheduler_state": {},
+                                    "num_updates": 0}],
+             "extra_state": {"metrics": {"valid": [(0, "_bleu_counts", 1, counts)]},
+                             "train_iterator": {"epoch": 1}, "best": np.float64(31.2)},
+             "last_optimizer_state": None}
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save(state, path)
+    loaded = torch.load(path)  # torch's default safe loading, as fairseq's load calls it
+    assert np.array_equal(loaded["extra_state"]["metrics"]["valid"][0][3]["val"], counts["val"])
+    assert loaded["extra_state"]["best"] == 31.2
+    torch.save({"x": np.array([object()], dtype=object)}, tmp_path / "objects.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "objects.pt")
+
+
 def test_distributed_broadcast_payload_loads():
     # rank 0 broadcasts the loaded state as torch.save bytes with tensors split out; the
     # receiving ranks torch.load it (fairseq.distributed.utils._broadcast_object_slow)
