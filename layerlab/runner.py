@@ -144,8 +144,8 @@ def read_result(run: Run) -> Optional[dict]:
 @dataclasses.dataclass
 class Launcher:
     """Where the runs go: ``kind`` (:data:`LAUNCHERS`), ``jobs`` at a time, submitit's
-    ``folder`` (its logs and pickles), and for Slurm the ``partition``, ``gpus`` per run,
-    ``time_limit`` in minutes and ``cpus`` per run."""
+    ``folder`` (its logs and pickles), ``time_limit`` in minutes per run (local and Slurm), and
+    for Slurm the ``partition``, ``gpus`` per run and ``cpus`` per run."""
     kind: str = "local"
     jobs: int = 1
     folder: str = "submitit"
@@ -178,7 +178,10 @@ class Launcher:
         if self.kind == "debug":
             return submitit.DebugExecutor(folder=self.folder)
         if self.kind == "local":
-            return submitit.LocalExecutor(folder=self.folder)
+            executor = submitit.LocalExecutor(folder=self.folder)
+            # submitit's local jobs time out (5 minutes by default): a run's limit instead
+            executor.update_parameters(timeout_min=self.time_limit)
+            return executor
         executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm")
         executor.update_parameters(**self.slurm_parameters())
         return executor

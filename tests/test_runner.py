@@ -100,6 +100,7 @@ def test_local_launch_runs_in_separate_processes_one_thread_each(tmp_path):
             json.dump(result, f)
         return result
 
+    assert launcher.executor().parameters["timeout_min"] == 24 * 60  # not submitit's 5
     before = os.environ.get("OMP_NUM_THREADS")
     results = runner.launch(plan, work, (), launcher, poll=0.2)
     assert [r["row"] for r in results.values()] == ["baseline", "lrf", "hc"]

@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""The layer-relationship methods compared in encoder-decoder models (docs/ideas/comparison.md,
+"Encoder-decoder models"; issue 101): Multi30k De->En (BLEU) and COGS (exact match, overall and
+per category of its gen_dev part), every row a pre-norm Transformer of one recipe per task.
+
+    python scripts/experiments/encdec_comparison.py --tasks multi30k,cogs --rows baseline,...
+        --seeds 1,2,3 --out-dir ~/layerlab-runs/encdec [--recipe multi30k=NAME]
+        [--launcher local|slurm] [--jobs 2] [--results-name encdec_comparison_cpu]
+
+The comparison is a declaration (``TASKS``, ``ROWS``, ``RECIPES``) run by the experiment runner
+(``layerlab.runner``: plan seed by seed, resume, submitit on this machine or Slurm). Each run
+trains with ``fairseq-train`` (resuming its own last checkpoint when it was stopped), validates
+every epoch (the learning curve: valid BLEU, or valid exact match on COGS's in-distribution
+dev), and is scored with its last checkpoint on each test subset of its task (``fairseq-generate``,
+sacreBLEU on the detokenised output against the raw references; exact match with the
+categories); the per-sentence statistics are kept for the tests. The report gives per task each
+row's mean and seeds, its difference to the baseline with the hierarchical bootstrap and the
+seed-paired test, its parameters and CPU time against the baseline's, and for COGS the
+per-category and lexical / structural exact match.
+
+A recipe is chosen on the baseline alone (issue 101): until a task's recipe is marked chosen
+(``CHOSEN``), only the baseline row runs on it. Bad input (an unknown task, row or recipe, a
+task whose data folder is missing, a row its family refuses, finished runs of another recipe
+in the output folder) stops with one line before anything trains.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import statistics
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from layerlab import paths, runner, runs, significance
+
+PRE_NORM = ("--encoder-normalize-before", "--decoder-normalize-before")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task: its fairseq data folder, how to prepare it, its metric, the flags that validate
+    it during training, and its test subsets ({label: (fairseq subset, raw reference file or
+    None, categories file or None)}); ``generate``: fairseq-generate's flags."""
+    data: str
+    prepare: str
+    metric: str
+    languages: Tuple[str, str]
+    valid: Tuple[str, ...]
+    tests: Dict[str, Tuple[str, Optional[str], Optional[str]]]
+    generate: Tuple[str, ...]
+
+
+TASKS = {
+    "multi30k": Task(
+        "data-bin/multi30k", "python scripts/prepare/multi30k.py --from ../shared/data/multi30k",
+        "bleu", ("de", "en"),
+        ("--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+         "--eval-bleu-remove-bpe", "sentencepiece", "--eval-bleu-detok", "space"),
+        {"test_2016": ("test", "data/multi30k/test.raw.en", None)},
+        ("--beam", "5", "--max-len-a", "1.2", "--max-len-b", "10", "--bpe", "sentencepiece",
+         "--sentencepiece-model", "data/multi30k/spm.model")),
+    "cogs": Task(
+        "data-bin/cogs", "python scripts/prepare/cogs.py --from ../shared/data/cogs",
+        "exact_match", ("in", "out"),
+        ("--task", "seq2seq_eval", "--eval-exact-match"),
+        {"test": ("test", None, None), "gen_dev": ("test1", None, "data/cogs/gen_dev.cat")},
+        ("--beam", "1", "--max-len-a", "0", "--max-len-b", "512")),
+}
+# COGS's structural generalisation categories (Kim and Linzen 2020, Table 2); the other 18 of
+# gen_dev's 21 are lexical
+COGS_STRUCTURAL = ("obj_pp_to_subj_pp", "cp_recursion", "pp_recursion")
+
+BASELINE = "baseline"
+# row -> (architecture, flags); every row pre-norm (the depth connections need it), the
+# baseline fairseq's own transformer with the same sizes
+ROWS = {
+    BASELINE: ("transformer", ()),
+    "lrf_encoder": ("layerwise_transformer", ("--encoder-fusion",)),
+    "lrf_decoder": ("layerwise_transformer", ("--decoder-fusion",)),
+    "lrf_both": ("layerwise_transformer", ("--encoder-fusion", "--decoder-fusion")),
+    "bridge_gca": ("layerwise_transformer", ("--bridge", "fc", "--bridge-init", "gca")),
+    "transparent": ("layerwise_transformer", ("--bridge", "transparent")),
+    "dwa": ("layerwise_transformer", ("--encoder-fusion", "--decoder-fusion", "--fusion-kind",
+                                      "dwa")),
+    # inverted: the swapped-role variant ahead of swapped on SCAN and Multi30k
+    # (results/cross_attention_{scan,multi30k}_cpu.md)
+    "inverted_cross_attention": ("layerwise_transformer", ("--cross-attention", "inverted")),
+    "hc_static": ("layerwise_transformer", ("--hyper-connections", "static")),
+    "hc_dynamic": ("layerwise_transformer", ("--hyper-connections", "dynamic")),
+    "mhc": ("layerwise_transformer", ("--mhc", "sinkhorn")),
+    "frac_connections": ("layerwise_transformer", ("--frac-connections", "dynamic")),
+    "attn_res_full": ("layerwise_transformer", ("--attn-res", "full")),
+    "attn_res_block": ("layerwise_transformer", ("--attn-res", "block", "--attn-res-blocks",
+                                                 "1")),
+    "mudd": ("layerwise_transformer", ("--mudd", "--mudd-ways", "qkvr")),
+    "value_residual": ("layerwise_transformer", ("--value-residual", "learnable")),
+    "laurel_rw_lr": ("layerwise_transformer", ("--laurel", "rw_lr", "--laurel-rank", "8")),
+    "laurel_pa": ("layerwise_transformer", ("--laurel", "pa", "--laurel-rank", "8")),
+}
+
+# task -> {recipe name: fairseq-train flags (sizes, regularisation, optimisation, budget)}
+_ADAM = ("--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
+         "--criterion", "label_smoothed_cross_entropy")
+
+
+def _sizes(layers, dim, ffn, heads):
+    return ("--encoder-layers", str(layers), "--decoder-layers", str(layers),
+            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+            "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
+            "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads))
+
+
+RECIPES = {
+    "multi30k": {
+        # a first candidate, measured on the baseline (docs/ideas/comparison.md): 3+3 layers,
+        # d = 256; its CPU time per epoch decides whether it fits the budget
+        "d256": _sizes(3, 256, 1024, 4) + _ADAM + (
+            "--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1",
+            "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
+            "--max-update", "8000"),
+        # the tests' scale
+        "smoke": _sizes(1, 16, 32, 2) + _ADAM + (
+            "--label-smoothing", "0.1", "--lr", "3e-3", "--warmup-updates", "1",
+            "--max-tokens", "1024", "--max-update", "4"),
+    },
+    "cogs": {
+        "d256": _sizes(2, 256, 512, 4) + _ADAM + (
+            "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
+            "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
+            "--max-update", "10000"),
+        "smoke": _sizes(1, 16, 32, 2) + _ADAM + (
+            "--label-smoothing", "0.0", "--lr", "3e-3", "--warmup-updates", "1",
+            "--max-tokens", "1024", "--max-update", "4"),
+    },
+}
+# the recipe every row of a task runs with once it is chosen on the baseline (None: not yet:
+# only the baseline runs, to choose it)
+CHOSEN: Dict[str, Optional[str]] = {"multi30k": None, "cogs": None}
+TEST_RECIPE = "smoke"  # runs every row (the tests' scale is no recipe to choose)
+# the fewest seeds on either side of a test that give a verdict (as the LM comparison's: with
+# fewer a bootstrap over seeds sees too little of their spread)
+VERDICT_SEEDS = 3
+
+
+def model_flags(task, name, row) -> List[str]:
+    """The flags that decide a row's model under a recipe (sizes, pre-norm, the row's own)."""
+    return [*RECIPES[task][name], *PRE_NORM, *ROWS[row][1]]
+
+
+def recipe_of(task, name, row, data) -> dict:
+    """Everything that makes a run's number: its fairseq-train and fairseq-generate flags and
+    the checkpoint it is scored with (stored in result.json; a finished run must match). The
+    validation flags come last: COGS's ``--task seq2seq_eval`` (translation that also scores
+    exact match while validating) overrides the ``--task translation`` before it."""
+    arch = ROWS[row][0]
+    spec = TASKS[task]
+    source, target = spec.languages
+    return {"task": task, "recipe": name, "data": data,
+            "train": ["--arch", arch, "--task", "translation", "--source-lang", source,
+                      "--target-lang", target, *model_flags(task, name, row), *spec.valid,
+                      "--no-epoch-checkpoints", "--log-interval", "50"],
+            "generate": list(spec.generate), "checkpoint": "checkpoint_last.pt"}
+
+
+def run_work(run, recipe):
+    """One run of ``recipe``: train (resuming its own last checkpoint where a stopped run of
+    the same recipe left one), then every test subset generated and scored -> result.json."""
+    import numpy as np
+
+    from layerlab.fairseq_log import read_curves
+
+    task = TASKS[run.setting]
+    data = recipe["data"]
+    started = os.path.join(run.run_dir, "started.json")
+    if not (os.path.exists(started) and runs.read_json(started) == recipe):
+        runs.fresh_run_dir(run.run_dir)
+        runs.write_json(started, recipe)
+    cpu_file = os.path.join(run.run_dir, "cpu_seconds.json")
+    spent = runs.read_json(cpu_file) if os.path.exists(cpu_file) else []
+    spent.append(None)  # this process's, until it ends (None: killed, its time unknown)
+
+    def on_cpu(seconds):
+        spent[-1] = round(seconds, 1)
+        runs.write_json(cpu_file, spent)
+    runs.run_logged(runs.train_command(data, run.run_dir, run.seed, recipe["train"]),
+                    os.path.join(run.run_dir, "train.log"), append=True, on_cpu=on_cpu)
+    checkpoint = os.path.join(run.run_dir, recipe["checkpoint"])
+    curves = read_curves(os.path.join(run.run_dir, "train.log"), task.metric)
+    result = {"task": run.setting, "row": run.row.name, "seed": run.seed, "recipe": recipe,
+              "params": runs.count_params(checkpoint), "valid_curve": curves["valid"],
+              "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
+              "tests": {}, "package_version": runs.package_version()}
+    for label, (subset, ref, categories) in task.tests.items():
+        log = os.path.join(run.run_dir, f"generate-{label}.txt")
+        runs.run_logged(runs.generate_command(data, checkpoint, subset, recipe["generate"]), log)
+        hypotheses, references = runs.generation(log, ref)
+        stats = significance.sentence_stats(task.metric, hypotheses, references)
+        np.save(os.path.join(run.run_dir, f"test_stats_{label}.npy"), stats)
+        entry = {task.metric: round(significance.score(task.metric, stats), 2),
+                 "sentences": len(hypotheses)}
+        if categories:
+            from fairseq_plugins.metrics.exact_match import exact_match
+            from fairseq_plugins.metrics.generate_log import read_lines
+
+            scored = exact_match(hypotheses, references, read_lines(categories))
+            entry["per_category"] = {k: v["exact_match"]
+                                     for k, v in scored["per_category"].items()}
+        result["tests"][label] = entry
+    return runs.save_result(run.run_dir, result)
+
+
+def build_model(task, name, row, data):
+    """The row's model as fairseq-train builds it, over the task's dictionaries (a flag its
+    family refuses raises)."""
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins import inprocess
+
+    dicts = [Dictionary.load(os.path.join(data, f"dict.{lang}.txt"))
+             for lang in TASKS[task].languages]
+    inprocess.build_translation_model(ROWS[row][0], model_flags(task, name, row), *dicts)
+
+
+def choose(args) -> Dict[str, Tuple[str, str]]:
+    """{task: (recipe name, data folder)}, each checked: one line for what cannot run."""
+    for task in args.tasks:
+        if task not in TASKS:
+            raise runner.PlanError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    unknown = [row for row in args.rows if row not in ROWS]
+    if unknown:
+        raise runner.PlanError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROWS)}")
+    out = {}
+    for task in args.tasks:
+        name = args.recipe.get(task) or CHOSEN[task] or next(iter(RECIPES[task]))
+        if name not in RECIPES[task]:
+            raise runner.PlanError(f"--recipe {task}={name}: known recipes of {task}: "
+                                   f"{', '.join(RECIPES[task])}")
+        data = args.data.get(task, TASKS[task].data)
+        if not os.path.isdir(data):
+            raise runner.PlanError(f"{task}: no data folder {data} (prepare it: "
+                                   f"{TASKS[task].prepare})")
+        missing = [f"dict.{lang}.txt" for lang in TASKS[task].languages
+                   if not os.path.isfile(os.path.join(data, f"dict.{lang}.txt"))]
+        if missing:
+            raise runner.PlanError(f"{task}: {data} has no {', '.join(missing)}: not the "
+                                   f"{task} data folder ({TASKS[task].prepare})")
+        out[task] = (name, data)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS))
+    p.add_argument("--rows", type=lambda t: t.split(","), default=list(ROWS))
+    p.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[1, 2, 3])
+    p.add_argument("--recipe", type=lambda t: dict(kv.split("=", 1) for kv in t.split(",")),
+                   default={}, help="TASK=NAME[,TASK=NAME]: a recipe of RECIPES (default: the "
+                                    "chosen one, or the first while none is chosen)")
+    p.add_argument("--data", type=lambda t: dict(kv.split("=", 1) for kv in t.split(",")),
+                   default={}, help="TASK=DIR: another data folder of that task")
+    p.add_argument("--out-dir", default=os.path.expanduser("~/layerlab-runs/encdec"))
+    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--slurm-partition")
+    p.add_argument("--gpus-per-run", type=int, default=0)
+    p.add_argument("--time-limit", type=int, default=24 * 60)
+    p.add_argument("--results-name", help="also copy the report to results/NAME.{json,md}")
+    args = p.parse_args(argv)
+    try:
+        chosen = choose(args)
+        # a recipe not chosen yet is tried on the baseline alone (the tests' scale runs all)
+        only = {row: tuple(t for t in args.tasks if chosen[t][0] in (CHOSEN[t], TEST_RECIPE))
+                for row in args.rows if row != BASELINE}
+        comparison = runner.Comparison(
+            "encdec", [runner.Row(row, *ROWS[row]) for row in args.rows], args.tasks,
+            args.seeds, BASELINE if BASELINE in args.rows else args.rows[0], only=only)
+        launcher = runner.Launcher(args.launcher, args.jobs,
+                                   os.path.join(args.out_dir, "submitit"), args.slurm_partition,
+                                   args.gpus_per_run, args.time_limit)
+        comparison.check(lambda row, task: build_model(task, chosen[task][0], row.name,
+                                                       chosen[task][1]))
+        plan = comparison.plan(args.out_dir)
+        recipes = {run.key: recipe_of(run.setting, chosen[run.setting][0], run.row.name,
+                                      chosen[run.setting][1]) for run in plan}
+        for run in plan:  # a finished run of another recipe: refused before anything trains
+            runs.load_result(run.run_dir, recipes[run.key])
+    except (runner.PlanError, runs.StepError) as error:
+        p.error(str(error))
+    print(f"[encdec] {len(plan)} runs ({', '.join(f'{t}: {n}' for t, (n, _) in chosen.items())}"
+          f"), {args.jobs} at a time ({args.launcher})", flush=True)
+    waiting = [t for t in args.tasks if chosen[t][0] not in (CHOSEN[t], TEST_RECIPE)]
+    if waiting and len(args.rows) > 1:
+        print(f"[encdec] {', '.join(waiting)}: recipe not chosen yet, the baseline alone runs "
+              "(the other rows wait for CHOSEN)", flush=True)
+
+    def report_run(run, result):
+        tests = ", ".join(f"{label} {entry[TASKS[run.setting].metric]}"
+                          for label, entry in result["tests"].items())
+        print(f"[encdec] {run.setting} {run.row.name} seed {run.seed}: {tests}", flush=True)
+    try:
+        results = runner.launch(plan, work, (recipes,), launcher, on_result=report_run,
+                                done=lambda run: runs.load_result(run.run_dir,
+                                                                  recipes[run.key]))
+    except runner.RunFailed as error:
+        raise SystemExit(f"encdec_comparison: {error}") from None
+    report = summarise(args, plan, results, {t: n for t, (n, _) in chosen.items()})
+    write_report(args, report)
+    return 0
+
+
+def work(run, recipes):
+    """The runner's work: the run with its own recipe."""
+    return run_work(run, recipes[run.key])
+
+
+def summarise(args, plan, results, names) -> dict:
+    """Per task and test subset: each row's mean, seeds, difference to the baseline (both
+    tests), parameters and CPU time ratio; COGS's categories."""
+    import numpy as np
+
+    out = {"date": datetime.date.today().isoformat(), "recipes": names,
+           "command": "python scripts/experiments/encdec_comparison.py "
+                      + " ".join(map(shlex.quote, sys.argv[1:])),
+           "package_version": runs.package_version(), "tasks": {}}
+    for task in args.tasks:
+        spec = TASKS[task]
+        rows = {}
+        for run in plan:
+            if run.setting == task:
+                rows.setdefault(run.row.name, []).append(run)
+        entry = {}
+        for label in spec.tests:
+            def stats_of(row):
+                return [np.load(os.path.join(r.run_dir, f"test_stats_{label}.npy"))
+                        for r in rows[row]]
+            table = {}
+            base = stats_of(BASELINE) if BASELINE in rows else None
+            base_cpu = [results[r.key]["train_cpu_seconds"] for r in rows.get(BASELINE, [])]
+            for row, row_runs in rows.items():
+                values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
+                cpu = [results[r.key]["train_cpu_seconds"] for r in row_runs]
+                item = {"seeds": [r.seed for r in row_runs], "values": values,
+                        "mean": round(statistics.mean(values), 2),
+                        "params": results[row_runs[0].key]["params"]}
+                if None not in cpu and base_cpu and None not in base_cpu:
+                    item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
+                if base is not None and row != BASELINE:
+                    own = stats_of(row)
+                    item["vs_baseline"] = significance.hierarchical_bootstrap(spec.metric, own,
+                                                                              base)
+                    if [r.seed for r in row_runs] == [r.seed for r in rows[BASELINE]]:
+                        item["vs_baseline_paired"] = significance.paired_hierarchical_bootstrap(
+                            spec.metric, own, base)
+                per_category = [results[r.key]["tests"][label].get("per_category")
+                                for r in row_runs]
+                if all(per_category):
+                    categories = sorted(per_category[0])
+                    item["per_category"] = {c: round(statistics.mean(p[c] for p in per_category),
+                                                     2) for c in categories}
+                    structural = [c for c in categories if c in COGS_STRUCTURAL]
+                    lexical = [c for c in categories if c not in COGS_STRUCTURAL]
+                    item["lexical"] = round(statistics.mean(item["per_category"][c]
+                                                            for c in lexical), 2)
+                    if structural:
+                        item["structural"] = round(statistics.mean(item["per_category"][c]
+                                                                   for c in structural), 2)
+                table[row] = item
+            entry[label] = table
+        out["tasks"][task] = entry
+    return out
+
+
+def markdown(report) -> str:
+    lines = [f"Command: `{report['command']}` ({report['package_version']}, {report['date']}); "
+             f"recipes: {', '.join(f'{t} {n}' for t, n in report['recipes'].items())}.", ""]
+    for task, tests in report["tasks"].items():
+        metric = "BLEU" if TASKS[task].metric == "bleu" else "exact match %"
+        for label, table in tests.items():
+            lines += [f"### {task}, {label} ({metric})", "",
+                      "| row | mean | per seed | Δ vs baseline [95%] | paired [95%] | params | "
+                      "CPU time ratio |", "|---|---:|---|---|---|---:|---:|"]
+            base_seeds = len(table.get(BASELINE, {}).get("values", ()))
+            for row, item in table.items():
+                verdict = min(len(item["values"]), base_seeds) >= VERDICT_SEEDS
+
+                def cell(test):
+                    if not test:
+                        return "—"
+                    mark = " *" if test["larger_than_noise"] and verdict else ""
+                    return (f"{test['difference']:+.2f} [{test['low']:+.2f}, "
+                            f"{test['high']:+.2f}]{mark}")
+                lines.append(f"| {row} | {item['mean']:.2f} | "
+                             f"{', '.join(f'{v:.2f}' for v in item['values'])} | "
+                             f"{cell(item.get('vs_baseline'))} | "
+                             f"{cell(item.get('vs_baseline_paired'))} | {item['params']:,} | "
+                             f"{item.get('cpu_ratio', '—')} |")
+            if any("per_category" in item for item in table.values()):
+                lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
+                lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
+                          for row, item in table.items()]
+            lines.append("")
+    lines.append(f"\\* the interval excludes 0 (marked only with {VERDICT_SEEDS} seeds or more "
+                 "on both sides). Δ: row minus baseline, means over seeds; the hierarchical "
+                 "bootstrap resamples test sentences and each row's seeds, the paired one the "
+                 "per-seed differences (layerlab/significance.py). CPU time: the runs' own "
+                 "process accounts against the baseline's, not a benchmark.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(args, report):
+    text = markdown(report)
+    os.makedirs(args.out_dir, exist_ok=True)
+    targets = [os.path.join(args.out_dir, "results")]
+    if args.results_name:
+        targets.append(os.path.join(paths.RESULTS, args.results_name))
+    for target in targets:
+        with open(target + ".json", "w") as f:
+            json.dump(report, f, indent=2)
+        with open(target + ".md", "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""scripts/experiments/encdec_comparison.py: the encoder-decoder comparison's declaration run by
+the experiment runner, end to end at the tests' scale (the real Multi30k files where
+../shared/data has them, a COGS-shaped toy set), and its refusals before anything trains."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import cli_env
+from helpers import SCRIPTS, SHARED_DATA
+
+from layerlab.paths import load_script
+
+SCRIPT = os.path.join(SCRIPTS, "experiments", "encdec_comparison.py")
+MULTI30K = os.path.join(SHARED_DATA, "multi30k")
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True,
+                          text=True, env=cli_env(), cwd=cwd)
+
+
+def _cogs_like(root):
+    """A COGS-shaped data folder (joined dictionary, test and gen_dev as test / test1) and its
+    gen_dev categories, under ``root`` as the preparation script lays them out."""
+    from layerlab.prepare import binarize_translation
+
+    text = root / "data" / "cogs"
+    text.mkdir(parents=True)
+    words = ["a", "b", "c", "d", "e"]
+    for subset, n in (("train", 60), ("valid", 12), ("test", 12), ("gen_dev", 12)):
+        src = [" ".join(words[(i + k) % 5] for k in range(1 + i % 3)) for i in range(n)]
+        (text / f"{subset}.in").write_text("\n".join(src) + "\n")
+        (text / f"{subset}.out").write_text("\n".join(s.upper() for s in src) + "\n")
+    (text / "gen_dev.cat").write_text("\n".join(["pp_recursion", "subj_to_obj_common"] * 6)
+                                      + "\n")
+    binarize_translation(str(root / "data-bin" / "cogs"), "in", "out", str(text / "train"),
+                         str(text / "valid"), [str(text / "test"), str(text / "gen_dev")],
+                         joined=True)
+
+
+@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
+def test_both_tasks_end_to_end_then_resume(tmp_path):
+    prepared = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "multi30k.py"),
+                               "--from", MULTI30K], capture_output=True, text=True,
+                              env=cli_env(), cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    _cogs_like(tmp_path)
+    args = ["--tasks", "multi30k,cogs", "--rows", "baseline,hc_static", "--seeds", "1",
+            "--recipe", "multi30k=smoke,cogs=smoke", "--out-dir", "runs", "--jobs", "2"]
+    proc = _run(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "runs" / "results.json").read_text())
+    m30k = report["tasks"]["multi30k"]["test_2016"]
+    assert set(m30k) == {"baseline", "hc_static"} and m30k["baseline"]["seeds"] == [1]
+    hc = m30k["hc_static"]
+    assert hc["params"] > m30k["baseline"]["params"]
+    assert {"difference", "low", "high"} <= set(hc["vs_baseline"]) and "vs_baseline_paired" in hc
+    cogs = report["tasks"]["cogs"]
+    assert set(cogs) == {"test", "gen_dev"}
+    gen = cogs["gen_dev"]["baseline"]
+    assert set(gen["per_category"]) == {"pp_recursion", "subj_to_obj_common"}
+    assert gen["structural"] == gen["per_category"]["pp_recursion"]
+    assert gen["lexical"] == gen["per_category"]["subj_to_obj_common"]
+    result = json.loads((tmp_path / "runs" / "multi30k" / "hc_static" / "seed1" /
+                         "result.json").read_text())
+    assert result["valid_curve"] and result["train_cpu_seconds"] > 0
+    train = result["recipe"]["train"]
+    assert "--hyper-connections" in train and "--encoder-normalize-before" in train
+    cogs_train = json.loads((tmp_path / "runs" / "cogs" / "baseline" / "seed1" /
+                             "result.json").read_text())["recipe"]["train"]
+    assert cogs_train[-6:-3] == ["--task", "seq2seq_eval", "--eval-exact-match"]
+    assert "### cogs, gen_dev (exact match %)" in (tmp_path / "runs" / "results.md").read_text()
+    log = tmp_path / "runs" / "cogs" / "baseline" / "seed1" / "train.log"
+    stamp = log.stat().st_mtime
+    again = _run(*args, cwd=tmp_path)  # every run finished: nothing trains again
+    assert again.returncode == 0 and log.stat().st_mtime == stamp
+
+
+def test_a_recipe_not_chosen_runs_the_baseline_alone():
+    comparison = load_script("experiments", "encdec_comparison.py")
+    assert all(chosen is None or chosen in comparison.RECIPES[task]
+               for task, chosen in comparison.CHOSEN.items())
+    assert set(comparison.TASKS) == set(comparison.RECIPES) == set(comparison.CHOSEN)
+    recipe = comparison.recipe_of("cogs", "smoke", "mudd", "data-bin/cogs")
+    train = recipe["train"]
+    assert train[:2] == ["--arch", "layerwise_transformer"]
+    assert train.index("--mudd") < train.index("seq2seq_eval")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tasks", "wmt"], "unknown task 'wmt'; known: multi30k, cogs"),
+    (["--rows", "baseline,lrf"], "unknown row(s) lrf; known: baseline, lrf_encoder"),
+    (["--tasks", "cogs", "--recipe", "cogs=big"], "--recipe cogs=big: known recipes of cogs:"),
+    (["--tasks", "cogs", "--data", "cogs=nowhere"], "cogs: no data folder nowhere (prepare it: "
+     "python scripts/prepare/cogs.py"),
+])
+def test_bad_declarations_are_one_line_before_anything_trains(tmp_path, args, message):
+    proc = _run(*args, "--out-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("encdec_comparison.py: error: ")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_data_folder_of_another_task_is_refused(tmp_path):
+    (tmp_path / "m30k").mkdir()
+    for lang in ("de", "en"):
+        (tmp_path / "m30k" / f"dict.{lang}.txt").write_text("a 1\n")
+    proc = _run("--tasks", "cogs", "--data", f"cogs={tmp_path / 'm30k'}", "--out-dir", "runs",
+                cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"cogs: {tmp_path / 'm30k'} has no dict.in.txt, dict.out.txt: not the cogs data " \
+        "folder" in proc.stderr
