@@ -59,6 +59,11 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     assert {"difference", "low", "high"} <= set(hc["vs_baseline"]) and "vs_baseline_paired" in hc
     cogs = report["tasks"]["cogs"]
     assert set(cogs) == {"test", "gen_dev"}
+    # at the tests' scale HC static adds more than 2% on COGS's toy vocabulary: its matched
+    # baseline ran there (and only there) and it is compared with it
+    match = cogs["test"]["hc_static"]["matched"]
+    assert match.startswith("baseline_ffn") and match in cogs["test"]
+    assert "vs_matched" in cogs["test"]["hc_static"] and match not in m30k
     gen = cogs["gen_dev"]["baseline"]
     assert set(gen["per_category"]) == {"pp_recursion", "subj_to_obj_common"}
     assert gen["structural"] == gen["per_category"]["pp_recursion"]
@@ -83,10 +88,41 @@ def test_a_recipe_not_chosen_runs_the_baseline_alone():
     assert all(chosen is None or chosen in comparison.RECIPES[task]
                for task, chosen in comparison.CHOSEN.items())
     assert set(comparison.TASKS) == set(comparison.RECIPES) == set(comparison.CHOSEN)
-    recipe = comparison.recipe_of("cogs", "smoke", "mudd", "data-bin/cogs")
+    recipe = comparison.recipe_of("cogs", "smoke", comparison.row_of("mudd"), "data-bin/cogs")
     train = recipe["train"]
     assert train[:2] == ["--arch", "layerwise_transformer"]
     assert train.index("--mudd") < train.index("seq2seq_eval")
+
+
+def test_a_row_with_more_than_two_percent_parameters_gets_a_matched_baseline(tmp_path):
+    """The wider-FFN baseline whose parameters come closest to the row's, added for the tasks
+    that need it; a row within 2% gets none."""
+    from layerlab import runner
+
+    comparison = load_script("experiments", "encdec_comparison.py")
+    _cogs_like(tmp_path)
+    data = str(tmp_path / "data-bin" / "cogs")
+    rows = [comparison.row_of(name) for name in ("baseline", "lrf_both", "value_residual")]
+    declared = runner.Comparison("t", rows, ["cogs"], [1], "baseline")
+    matched = comparison.add_matched_baselines(declared, {"cogs": ("smoke", data)})
+    base = comparison.parameters("cogs", "smoke", rows[0], data)
+    # value residual adds two lambdas per block: within 2%, no matched baseline
+    assert comparison.parameters("cogs", "smoke", rows[2], data) / base - 1 < 0.02
+    assert list(matched["cogs"]) == ["lrf_both"]
+    name = matched["cogs"]["lrf_both"]
+    assert name.startswith("baseline_ffn")
+    match = declared.row(name)
+    assert declared.only[name] == ("cogs",) and match.arch == "transformer"
+    lrf = comparison.parameters("cogs", "smoke", rows[1], data)
+    ffn = int(name.rsplit("ffn", 1)[1])
+    fits = [abs(comparison.parameters("cogs", "smoke", runner.Row("w", "transformer", (
+        "--encoder-ffn-embed-dim", str(f), "--decoder-ffn-embed-dim", str(f))), data) - lrf)
+        for f in (ffn - 1, ffn, ffn + 1)]
+    assert fits[1] == min(fits)  # the closest width
+    recipe = comparison.recipe_of("cogs", "smoke", match, data)["train"]
+    last = len(recipe) - 1 - recipe[::-1].index("--encoder-ffn-embed-dim")
+    assert recipe[last + 1] == str(ffn)  # the row's width comes after the recipe's: it wins
+    assert recipe.index("--encoder-ffn-embed-dim") < last
 
 
 @pytest.mark.parametrize("args,message", [

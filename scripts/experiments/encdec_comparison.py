@@ -92,6 +92,8 @@ ROWS = {
     "mhc": ("layerwise_transformer", ("--mhc", "sinkhorn")),
     "frac_connections": ("layerwise_transformer", ("--frac-connections", "dynamic")),
     "attn_res_full": ("layerwise_transformer", ("--attn-res", "full")),
+    # one group per stack: every depth divides into it; the group count is to be set with the
+    # recipe's depth (the LM comparison's: two groups)
     "attn_res_block": ("layerwise_transformer", ("--attn-res", "block", "--attn-res-blocks",
                                                  "1")),
     "mudd": ("layerwise_transformer", ("--mudd", "--mudd-ways", "qkvr")),
@@ -121,7 +123,7 @@ RECIPES = {
             "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
             "--max-update", "8000"),
         # the tests' scale
-        "smoke": _sizes(1, 16, 32, 2) + _ADAM + (
+        "smoke": _sizes(2, 16, 32, 2) + _ADAM + (
             "--label-smoothing", "0.1", "--lr", "3e-3", "--warmup-updates", "1",
             "--max-tokens", "1024", "--max-update", "4"),
     },
@@ -130,7 +132,7 @@ RECIPES = {
             "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
             "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
             "--max-update", "10000"),
-        "smoke": _sizes(1, 16, 32, 2) + _ADAM + (
+        "smoke": _sizes(2, 16, 32, 2) + _ADAM + (
             "--label-smoothing", "0.0", "--lr", "3e-3", "--warmup-updates", "1",
             "--max-tokens", "1024", "--max-update", "4"),
     },
@@ -142,19 +144,25 @@ TEST_RECIPE = "smoke"  # runs every row (the tests' scale is no recipe to choose
 # the fewest seeds on either side of a test that give a verdict (as the LM comparison's: with
 # fewer a bootstrap over seeds sees too little of their spread)
 VERDICT_SEEDS = 3
+MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 
 
-def model_flags(task, name, row) -> List[str]:
-    """The flags that decide a row's model under a recipe (sizes, pre-norm, the row's own)."""
-    return [*RECIPES[task][name], *PRE_NORM, *ROWS[row][1]]
+def model_flags(task, name, row: runner.Row) -> List[str]:
+    """The flags that decide a row's model under a recipe (sizes, pre-norm, the row's own,
+    which come last and so win: a matched baseline's FFN width)."""
+    return [*RECIPES[task][name], *PRE_NORM, *row.flags]
 
 
-def recipe_of(task, name, row, data) -> dict:
+def row_of(name) -> runner.Row:
+    return runner.Row(name, ROWS[name][0], tuple(ROWS[name][1]))
+
+
+def recipe_of(task, name, row: runner.Row, data) -> dict:
     """Everything that makes a run's number: its fairseq-train and fairseq-generate flags and
     the checkpoint it is scored with (stored in result.json; a finished run must match). The
     validation flags come last: COGS's ``--task seq2seq_eval`` (translation that also scores
     exact match while validating) overrides the ``--task translation`` before it."""
-    arch = ROWS[row][0]
+    arch = row.arch
     spec = TASKS[task]
     source, target = spec.languages
     return {"task": task, "recipe": name, "data": data,
@@ -211,7 +219,7 @@ def run_work(run, recipe):
     return runs.save_result(run.run_dir, result)
 
 
-def build_model(task, name, row, data):
+def build_model(task, name, row: runner.Row, data):
     """The row's model as fairseq-train builds it, over the task's dictionaries (a flag its
     family refuses raises)."""
     from fairseq.data import Dictionary
@@ -220,7 +228,32 @@ def build_model(task, name, row, data):
 
     dicts = [Dictionary.load(os.path.join(data, f"dict.{lang}.txt"))
              for lang in TASKS[task].languages]
-    inprocess.build_translation_model(ROWS[row][0], model_flags(task, name, row), *dicts)
+    return inprocess.build_translation_model(row.arch, model_flags(task, name, row), *dicts)[0]
+
+
+def parameters(task, name, row: runner.Row, data) -> int:
+    return sum(p.numel() for p in build_model(task, name, row, data).parameters())
+
+
+def matched_baseline(task, name, data, target: int) -> runner.Row:
+    """The baseline with the FFN width (both stacks) whose parameters come closest to
+    ``target``: the matched baseline of a row with more than MATCH_ABOVE extra parameters."""
+    base = row_of(BASELINE)
+
+    def wider(ffn):
+        return runner.Row(f"{BASELINE}_ffn{ffn}", base.arch, base.flags + (
+            "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn)))
+    flags = RECIPES[task][name]
+    low = int(flags[flags.index("--encoder-ffn-embed-dim") + 1])
+    high = 8 * low
+    while high - low > 1:  # the parameters grow with the width: the first width >= target
+        middle = (low + high) // 2
+        if parameters(task, name, wider(middle), data) >= target:
+            high = middle
+        else:
+            low = middle
+    return min((wider(low), wider(high)),
+               key=lambda row: abs(parameters(task, name, row, data) - target))
 
 
 def choose(args) -> Dict[str, Tuple[str, str]]:
@@ -267,6 +300,8 @@ def main(argv=None):
     p.add_argument("--gpus-per-run", type=int, default=0)
     p.add_argument("--time-limit", type=int, default=24 * 60)
     p.add_argument("--results-name", help="also copy the report to results/NAME.{json,md}")
+    p.add_argument("--no-matched-baselines", action="store_true",
+                   help="no wider-FFN baseline for the rows with more than 2%% extra parameters")
     args = p.parse_args(argv)
     try:
         chosen = choose(args)
@@ -274,15 +309,17 @@ def main(argv=None):
         only = {row: tuple(t for t in args.tasks if chosen[t][0] in (CHOSEN[t], TEST_RECIPE))
                 for row in args.rows if row != BASELINE}
         comparison = runner.Comparison(
-            "encdec", [runner.Row(row, *ROWS[row]) for row in args.rows], args.tasks,
+            "encdec", [row_of(row) for row in args.rows], args.tasks,
             args.seeds, BASELINE if BASELINE in args.rows else args.rows[0], only=only)
         launcher = runner.Launcher(args.launcher, args.jobs,
                                    os.path.join(args.out_dir, "submitit"), args.slurm_partition,
                                    args.gpus_per_run, args.time_limit)
-        comparison.check(lambda row, task: build_model(task, chosen[task][0], row.name,
+        comparison.check(lambda row, task: build_model(task, chosen[task][0], row,
                                                        chosen[task][1]))
+        matched = {} if args.no_matched_baselines else add_matched_baselines(comparison,
+                                                                             chosen)
         plan = comparison.plan(args.out_dir)
-        recipes = {run.key: recipe_of(run.setting, chosen[run.setting][0], run.row.name,
+        recipes = {run.key: recipe_of(run.setting, chosen[run.setting][0], run.row,
                                       chosen[run.setting][1]) for run in plan}
         for run in plan:  # a finished run of another recipe: refused before anything trains
             runs.load_result(run.run_dir, recipes[run.key])
@@ -305,9 +342,40 @@ def main(argv=None):
                                                                   recipes[run.key]))
     except runner.RunFailed as error:
         raise SystemExit(f"encdec_comparison: {error}") from None
-    report = summarise(args, plan, results, {t: n for t, (n, _) in chosen.items()})
+    report = summarise(args, plan, results, {t: n for t, (n, _) in chosen.items()}, matched)
     write_report(args, report)
     return 0
+
+
+def add_matched_baselines(comparison, chosen) -> Dict[str, Dict[str, str]]:
+    """A wider-FFN baseline for every row (in every task it runs in) whose parameters exceed
+    the baseline's by more than MATCH_ABOVE, added to ``comparison`` (each in the tasks that
+    need it) -> {task: {row: its matched baseline's name}}."""
+    rows = {row.name: row for row in comparison.rows}
+    if BASELINE not in rows:
+        return {}
+    out: Dict[str, Dict[str, str]] = {}
+    added: Dict[str, runner.Row] = {}
+    needed: Dict[str, List[str]] = {}
+    for task in comparison.settings:
+        name, data = chosen[task]
+        base = parameters(task, name, rows[BASELINE], data)
+        for row in comparison.rows_in(task):
+            if row.name == BASELINE or row.name.startswith(f"{BASELINE}_ffn"):
+                continue
+            own = parameters(task, name, row, data)
+            if own / base - 1 > MATCH_ABOVE:
+                match = matched_baseline(task, name, data, own)
+                out.setdefault(task, {})[row.name] = match.name
+                added.setdefault(match.name, match)
+                needed.setdefault(match.name, [])
+                if task not in needed[match.name]:
+                    needed[match.name].append(task)
+    comparison.rows = list(comparison.rows) + [row for name, row in added.items()
+                                               if name not in rows]
+    comparison.only = {**comparison.only, **{name: tuple(tasks) for name, tasks in
+                                             needed.items()}}
+    return out
 
 
 def work(run, recipes):
@@ -315,9 +383,19 @@ def work(run, recipes):
     return run_work(run, recipes[run.key])
 
 
-def summarise(args, plan, results, names) -> dict:
+def _tests(metric, own, own_seeds, other, other_seeds, prefix):
+    """{prefix: the hierarchical bootstrap, prefix_paired: the seed-paired one where both sides
+    have the same seeds}."""
+    out = {prefix: significance.hierarchical_bootstrap(metric, own, other)}
+    if own_seeds == other_seeds:
+        out[prefix + "_paired"] = significance.paired_hierarchical_bootstrap(metric, own, other)
+    return out
+
+
+def summarise(args, plan, results, names, matched=None) -> dict:
     """Per task and test subset: each row's mean, seeds, difference to the baseline (both
-    tests), parameters and CPU time ratio; COGS's categories."""
+    tests) and to its matched baseline where it has one, parameters and CPU time ratio;
+    COGS's categories. ``matched``: {task: {row: its matched baseline}}."""
     import numpy as np
 
     out = {"date": datetime.date.today().isoformat(), "recipes": names,
@@ -346,13 +424,15 @@ def summarise(args, plan, results, names) -> dict:
                         "params": results[row_runs[0].key]["params"]}
                 if None not in cpu and base_cpu and None not in base_cpu:
                     item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
+                seeds = [r.seed for r in row_runs]
                 if base is not None and row != BASELINE:
-                    own = stats_of(row)
-                    item["vs_baseline"] = significance.hierarchical_bootstrap(spec.metric, own,
-                                                                              base)
-                    if [r.seed for r in row_runs] == [r.seed for r in rows[BASELINE]]:
-                        item["vs_baseline_paired"] = significance.paired_hierarchical_bootstrap(
-                            spec.metric, own, base)
+                    item.update(_tests(spec.metric, stats_of(row), seeds, base,
+                                       [r.seed for r in rows[BASELINE]], "vs_baseline"))
+                match = (matched or {}).get(task, {}).get(row)
+                if match in rows:
+                    item["matched"] = match
+                    item.update(_tests(spec.metric, stats_of(row), seeds, stats_of(match),
+                                       [r.seed for r in rows[match]], "vs_matched"))
                 per_category = [results[r.key]["tests"][label].get("per_category")
                                 for r in row_runs]
                 if all(per_category):
@@ -379,8 +459,9 @@ def markdown(report) -> str:
         metric = "BLEU" if TASKS[task].metric == "bleu" else "exact match %"
         for label, table in tests.items():
             lines += [f"### {task}, {label} ({metric})", "",
-                      "| row | mean | per seed | Δ vs baseline [95%] | paired [95%] | params | "
-                      "CPU time ratio |", "|---|---:|---|---|---|---:|---:|"]
+                      "| row | mean | per seed | Δ vs baseline [95%] | paired [95%] | "
+                      "Δ vs matched baseline [95%] | params | CPU time ratio |",
+                      "|---|---:|---|---|---|---|---:|---:|"]
             base_seeds = len(table.get(BASELINE, {}).get("values", ()))
             for row, item in table.items():
                 verdict = min(len(item["values"]), base_seeds) >= VERDICT_SEEDS
@@ -394,8 +475,10 @@ def markdown(report) -> str:
                 lines.append(f"| {row} | {item['mean']:.2f} | "
                              f"{', '.join(f'{v:.2f}' for v in item['values'])} | "
                              f"{cell(item.get('vs_baseline'))} | "
-                             f"{cell(item.get('vs_baseline_paired'))} | {item['params']:,} | "
-                             f"{item.get('cpu_ratio', '—')} |")
+                             f"{cell(item.get('vs_baseline_paired'))} | "
+                             + (f"{item['matched']}: {cell(item.get('vs_matched'))} | "
+                                if "matched" in item else "— | ")
+                             + f"{item['params']:,} | {item.get('cpu_ratio', '—')} |")
             if any("per_category" in item for item in table.values()):
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
                 lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
