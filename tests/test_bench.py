@@ -440,3 +440,27 @@ def test_the_gpu_check_names_rows_that_exist():
     assert compiled and all(r.endswith("_compile") and r in depth.METHODS for r in compiled)
     rows = re.search(r"--rows (\S+) --eager --graph", script).group(1).split(",")
     assert rows and all(r in comparison.ROWS for r in rows)
+
+
+def test_anchors_report_what_is_not_installed_and_render(tmp_path, monkeypatch):
+    """scripts/bench/anchors.py without fla-core or TransformerEngine (CI has neither): each
+    anchor says so instead of failing, and the markdown shows it; with TransformerEngine's
+    Triton file on the CPU outside the interpreter it says it needs TRITON_INTERPRET=1."""
+    import sys as _sys
+
+    from layerlab.paths import load_script
+
+    anchors = load_script("bench", "anchors.py")
+    monkeypatch.setitem(_sys.modules, "fla", None)  # not importable, even where installed
+    assert anchors.fla_attnres("cpu")["installed"] is False
+    missing = anchors.te_sinkhorn(str(tmp_path / "nowhere.py"), "cpu")
+    assert missing == {"installed": False, "why": f"{anchors.TE_FILE} not found (--te-mhc FILE)"}
+    stand_in = tmp_path / "mhc.py"
+    stand_in.write_text("")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET=1" in anchors.te_sinkhorn(str(stand_in), "cpu")["why"]
+    text = anchors.markdown({"command": "c", "where": "w",
+                             "fla_attnres": {"installed": False, "why": "no fla"},
+                             "te_sinkhorn": missing})
+    assert "| fla-core AttnRes | — | not installed (no fla) |" in text
+    assert "| TransformerEngine Sinkhorn | — |" in text
