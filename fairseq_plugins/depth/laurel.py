@@ -35,7 +35,7 @@ position, so incremental decoding needs no cache; the previous inputs PA reads a
 pass's slot.
 """
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import math
 
@@ -46,7 +46,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..config import option
 from ..weight_logging import WeightSource
-from .interface import Connection, Inputs, Layout, StackState
+from .interface import Connection, Layout, StackState
 from .registry import Method, Stack
 
 RW, LR, RW_LR, PA, RW_LR_PA = "rw", "lr", "rw_lr", "pa", "rw_lr_pa"
@@ -173,9 +173,6 @@ class Laurel(WeightSource, Connection):
         each; None for the other variants."""
         return [] if self.lags > 1 else None
 
-    def read(self, state: StackState, block: int, sublayer: str) -> Tuple[Inputs, None]:
-        return Inputs(state.stream), None
-
     def scales(self, site: int) -> Optional[Tensor]:
         """(alpha_i, beta_i) of sub-layer ``site`` (2 softmax(w_i)); None without RW."""
         if self.residual_logits is None:
@@ -206,9 +203,6 @@ class Laurel(WeightSource, Connection):
             state.stream = out + residual
         else:
             state.stream = scales[0] * out + scales[1] * residual
-
-    def end_block(self, state: StackState, block: int):
-        pass  # no history: PA's previous inputs are the slot's
 
     def connection_parameters(self) -> List[nn.Parameter]:
         """The scalars (RW's logits, PA's gammas) get no weight decay; the low-rank maps are
