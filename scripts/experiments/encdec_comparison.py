@@ -107,6 +107,13 @@ _ADAM = ("--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler",
          "--criterion", "label_smoothed_cross_entropy")
 
 
+def _smoke(label_smoothing):
+    """The tests' scale: two layers of width 16, four updates (no recipe to choose)."""
+    return _sizes(2, 16, 32, 2) + _ADAM + (
+        "--label-smoothing", label_smoothing, "--lr", "3e-3", "--warmup-updates", "1",
+        "--max-tokens", "1024", "--max-update", "4")
+
+
 def _sizes(layers, dim, ffn, heads):
     return ("--encoder-layers", str(layers), "--decoder-layers", str(layers),
             "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
@@ -122,19 +129,14 @@ RECIPES = {
             "--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1",
             "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
             "--max-update", "8000"),
-        # the tests' scale
-        "smoke": _sizes(2, 16, 32, 2) + _ADAM + (
-            "--label-smoothing", "0.1", "--lr", "3e-3", "--warmup-updates", "1",
-            "--max-tokens", "1024", "--max-update", "4"),
+        "smoke": _smoke("0.1"),
     },
     "cogs": {
         "d256": _sizes(2, 256, 512, 4) + _ADAM + (
             "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
             "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
             "--max-update", "10000"),
-        "smoke": _sizes(2, 16, 32, 2) + _ADAM + (
-            "--label-smoothing", "0.0", "--lr", "3e-3", "--warmup-updates", "1",
-            "--max-tokens", "1024", "--max-update", "4"),
+        "smoke": _smoke("0.0"),
     },
 }
 # the recipe every row of a task runs with once it is chosen on the baseline (None: not yet:
@@ -410,11 +412,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                 rows.setdefault(run.row.name, []).append(run)
         entry = {}
         for label in spec.tests:
-            def stats_of(row):
-                return [np.load(os.path.join(r.run_dir, f"test_stats_{label}.npy"))
-                        for r in rows[row]]
+            # every run's per-sentence statistics, read once (a row's are compared with the
+            # baseline's and with its matched baseline's)
+            stats = {row: [np.load(os.path.join(r.run_dir, f"test_stats_{label}.npy"))
+                           for r in row_runs] for row, row_runs in rows.items()}
             table = {}
-            base = stats_of(BASELINE) if BASELINE in rows else None
+            base = stats.get(BASELINE)
             base_cpu = [results[r.key]["train_cpu_seconds"] for r in rows.get(BASELINE, [])]
             for row, row_runs in rows.items():
                 values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
@@ -426,12 +429,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                     item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
                 seeds = [r.seed for r in row_runs]
                 if base is not None and row != BASELINE:
-                    item.update(_tests(spec.metric, stats_of(row), seeds, base,
+                    item.update(_tests(spec.metric, stats[row], seeds, base,
                                        [r.seed for r in rows[BASELINE]], "vs_baseline"))
                 match = (matched or {}).get(task, {}).get(row)
                 if match in rows:
                     item["matched"] = match
-                    item.update(_tests(spec.metric, stats_of(row), seeds, stats_of(match),
+                    item.update(_tests(spec.metric, stats[row], seeds, stats[match],
                                        [r.seed for r in rows[match]], "vs_matched"))
                 per_category = [results[r.key]["tests"][label].get("per_category")
                                 for r in row_runs]
