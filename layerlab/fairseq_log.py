@@ -39,15 +39,18 @@ def last_train_loss(path):
     return None if final is None else float(final["train_loss"])
 
 
-def read_curves(path, metric="loss"):
-    """{'train': [(update, value)], 'valid': [(update, value)]} from one log.
+def read_curves(path, metric="loss", subset="valid"):
+    """{'train': [(update, value)], 'valid': [(update, value)]} from one log; ``subset``: the
+    validation subset whose records make the 'valid' curve (fairseq tags each subset's records
+    with its name: ``--valid-subset valid,test1`` logs both).
 
     ``metric``: ``loss`` (what the criterion optimises: label-smoothed, or cross-entropy plus
     an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
     records without it fall back to ``loss``, as fairseq's cross_entropy logs only that)."""
     curves = {}
     for kind, tag, prefix, update_key in (("train", "train_inner", "", "num_updates"),
-                                          ("valid", "valid", "valid_", "valid_num_updates")):
+                                          ("valid", subset, f"{subset}_",
+                                           f"{subset}_num_updates")):
         curves[kind] = []
         for record in records(path, tag):
             try:

@@ -14,9 +14,14 @@ settings every row runs in (a task, a depth), the seeds and the baseline row. Th
 - **launching** (:func:`launch`): every run that has no ``result.json`` is submitted through
   submitit: ``local`` (this machine, ``jobs`` runs at a time, one thread each), ``slurm``
   (one job per run, with a partition, GPUs per run and a time limit; ``jobs`` at a time as a
-  job array's parallelism) or ``debug`` (in this process, for tests). A finished run (its
+  job array's parallelism) or ``debug`` (in this process, for tests and debugging: a run that
+  fails opens pdb there, as submitit's debug executor does). A finished run (its
   ``result.json``) is not submitted again; the work function itself resumes what it can;
-- **collecting**: each run's result, in plan order; a run that failed stops the comparison
+- **matched baselines** (:func:`add_matched_baselines`): a wider-FFN baseline for every row
+  whose parameters exceed the baseline's by more than a threshold, added to the comparison in
+  the settings that need it (:func:`nearest_width`: the width whose count is nearest);
+- **collecting**: each run's result, in plan order, and what its work printed on stderr
+  (relayed as it finishes); a run that failed stops the comparison
   with one line naming it and the end of its log (a diverged run is the work's result to
   report, not a failure).
 
@@ -30,8 +35,8 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 LAUNCHERS = ("local", "slurm", "debug")
-# the environment a local run starts with: one thread per run (several runs share the cores)
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# what sets a local run's thread count (its process inherits them)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class PlanError(ValueError):
@@ -127,6 +132,52 @@ class Comparison:
                 for row in self.rows_in(setting)]
 
 
+def nearest_width(count: Callable[[int], int], low: int, high: int, target: int) -> int:
+    """The width whose parameter ``count(width)`` is nearest ``target``, for a count linear in
+    the width (an FFN's: two builds give the line, at ``low`` and ``high``); at least 1. Two
+    widths equally near: Python's rounding (to the even one)."""
+    at_low, at_high = count(low), count(high)
+    per_unit = (at_high - at_low) / (high - low)
+    return max(1, round(low + (target - at_low) / per_unit))
+
+
+def add_matched_baselines(comparison: Comparison, parameters: Callable[[Row, Any], int],
+                          matched: Callable[[Any, int], Row], above: float
+                          ) -> Dict[Any, Dict[str, str]]:
+    """A matched baseline for every row (in every setting it runs in) whose parameters exceed
+    the baseline's by more than ``above`` (a fraction), added to ``comparison``'s rows (limited
+    by ``only`` to the settings that need it; one row however many share it) -> {setting: {row:
+    its matched baseline's name}}. ``parameters(row, setting)``: the row's count there;
+    ``matched(setting, target)``: the baseline widened to about ``target`` parameters (its name
+    says its width). Rows named like a matched baseline (the baseline's name and ``_``) are not
+    matched again."""
+    rows = {row.name: row for row in comparison.rows}
+    if comparison.baseline not in rows:
+        return {}
+    out: Dict[Any, Dict[str, str]] = {}
+    added: Dict[str, Row] = {}
+    needed: Dict[str, List[Any]] = {}
+    for setting in comparison.settings:
+        base = parameters(rows[comparison.baseline], setting)
+        for row in comparison.rows_in(setting):
+            if row.name == comparison.baseline or row.name.startswith(
+                    f"{comparison.baseline}_"):
+                continue
+            own = parameters(row, setting)
+            if own / base - 1 > above:
+                match = matched(setting, own)
+                out.setdefault(setting, {})[row.name] = match.name
+                added.setdefault(match.name, match)
+                needed.setdefault(match.name, [])
+                if setting not in needed[match.name]:
+                    needed[match.name].append(setting)
+    comparison.rows = list(comparison.rows) + [row for name, row in added.items()
+                                               if name not in rows]
+    comparison.only = {**comparison.only, **{name: tuple(settings)
+                                             for name, settings in needed.items()}}
+    return out
+
+
 def finished(run: Run) -> bool:
     return os.path.isfile(os.path.join(run.run_dir, "result.json"))
 
@@ -144,15 +195,23 @@ def read_result(run: Run) -> Optional[dict]:
 @dataclasses.dataclass
 class Launcher:
     """Where the runs go: ``kind`` (:data:`LAUNCHERS`), ``jobs`` at a time, submitit's
-    ``folder`` (its logs and pickles), ``time_limit`` in minutes per run (local and Slurm), and
-    for Slurm the ``partition``, ``gpus`` per run and ``cpus`` per run."""
+    ``folder`` (its logs and pickles), ``time_limit`` in minutes per run (local and Slurm),
+    ``cpus``: the threads (and Slurm CPUs) of one run (None: one where several local runs
+    share the machine, torch's default for one), and for Slurm the ``partition`` and ``gpus``
+    per run."""
     kind: str = "local"
     jobs: int = 1
     folder: str = "submitit"
     partition: Optional[str] = None
     gpus: int = 0
     time_limit: int = 24 * 60
-    cpus: int = 1
+    cpus: Optional[int] = None
+
+    def threads(self) -> Dict[str, str]:
+        """The environment a local run starts with (its thread count)."""
+        if self.kind != "local" or (self.cpus is None and self.jobs == 1):
+            return {}
+        return {key: str(self.cpus or 1) for key in THREAD_VARIABLES}
 
     def __post_init__(self):
         if self.kind not in LAUNCHERS:
@@ -164,7 +223,7 @@ class Launcher:
 
     def slurm_parameters(self) -> Dict[str, Any]:
         """submitit's Slurm parameters of one run (a job of one task)."""
-        out = {"timeout_min": self.time_limit, "cpus_per_task": self.cpus, "nodes": 1,
+        out = {"timeout_min": self.time_limit, "cpus_per_task": self.cpus or 1, "nodes": 1,
                "tasks_per_node": 1, "slurm_array_parallelism": self.jobs}
         if self.partition:
             out["slurm_partition"] = self.partition
@@ -195,11 +254,14 @@ def launch(runs: Iterable[Run], work: Callable[..., dict], args: tuple = (),
            launcher: Optional[Launcher] = None,
            on_result: Optional[Callable[[Run, dict], None]] = None,
            done: Callable[[Run], Optional[dict]] = read_result,
+           on_submit: Optional[Callable[[Run], None]] = None,
            poll: float = 2.0) -> Dict[Tuple[str, str, int], dict]:
     """``work(run, *args)`` for every run of ``runs`` that is not finished (``done(run)``: its
     result, None where it must run; by default its ``result.json``, and a script whose results
     must match its recipe raises there), ``launcher.jobs`` at a time -> {run.key: its result}
-    in plan order. ``on_result(run, result)`` is called as each run finishes. A failed run: the
+    in plan order. ``on_submit(run)`` is called as each run is submitted (its progress line:
+    a run's own output goes to its log), ``on_result(run, result)`` as each finishes. A failed
+    run: the
     runs not yet submitted are not, the running ones are waited for, then :class:`RunFailed`."""
     launcher = launcher or Launcher()
     runs = list(runs)
@@ -214,11 +276,11 @@ def launch(runs: Iterable[Run], work: Callable[..., dict], args: tuple = (),
     if todo:
         os.makedirs(launcher.folder, exist_ok=True)
         executor = launcher.executor()
-        saved = {key: os.environ.get(key) for key in ONE_THREAD}
-        if launcher.kind == "local" and launcher.jobs > 1:
-            os.environ.update(ONE_THREAD)  # the submitted processes inherit it
+        saved = {key: os.environ.get(key) for key in THREAD_VARIABLES}
+        os.environ.update(launcher.threads())  # the submitted processes inherit it
         try:
-            _submit_all(executor, launcher, todo, work, args, results, on_result, poll)
+            _submit_all(executor, launcher, todo, work, args, results, on_submit, on_result,
+                        poll)
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -240,13 +302,26 @@ def _raised(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _submit_all(executor, launcher, todo, work, args, results, on_result, poll):
+def _relay(job):
+    """A finished job's own stderr (what its work printed there: notes a run leaves for whoever
+    watches the comparison), onto this process's; submitit's lines go to its stdout log."""
+    import sys
+
+    text = job.stderr()
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+
+def _submit_all(executor, launcher, todo, work, args, results, on_submit, on_result, poll):
     waiting = list(todo)
     running: List[Tuple[Run, Any]] = []
     failure = None
     while waiting or running:
         while waiting and len(running) < launcher.jobs and failure is None:
             run = waiting.pop(0)
+            if on_submit:
+                on_submit(run)
             running.append((run, executor.submit(work, run, *args)))
         still = []
         for run, job in running:
@@ -260,6 +335,8 @@ def _submit_all(executor, launcher, todo, work, args, results, on_result, poll):
                     failure = RunFailed(f"{run.row.name} in {run.setting}, seed {run.seed} "
                                         f"failed ({run.run_dir}): {_raised(error)}")
                 continue
+            if launcher.kind != "debug":
+                _relay(job)
             results[run.key] = result
             if on_result:
                 on_result(run, result)

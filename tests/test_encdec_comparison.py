@@ -75,7 +75,14 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     assert "--hyper-connections" in train and "--encoder-normalize-before" in train
     cogs_train = json.loads((tmp_path / "runs" / "cogs" / "baseline" / "seed1" /
                              "result.json").read_text())["recipe"]["train"]
-    assert cogs_train[-6:-3] == ["--task", "seq2seq_eval", "--eval-exact-match"]
+    assert cogs_train[-8:-3] == ["--task", "seq2seq_eval", "--eval-exact-match",
+                                 "--valid-subset", "valid,test1"]
+    cogs_result = json.loads((tmp_path / "runs" / "cogs" / "baseline" / "seed1" /
+                              "result.json").read_text())
+    # gen_dev validated as dev is: a curve of its own, at the same updates
+    gen_curve = cogs_result["curves"]["gen_dev"]
+    assert [u for u, _ in gen_curve] == [u for u, _ in cogs_result["valid_curve"]]
+    assert gen_curve and all(0 <= v <= 100 for _, v in gen_curve)
     assert "### cogs, gen_dev (exact match %)" in (tmp_path / "runs" / "results.md").read_text()
     log = tmp_path / "runs" / "cogs" / "baseline" / "seed1" / "train.log"
     stamp = log.stat().st_mtime

@@ -108,6 +108,71 @@ def test_local_launch_runs_in_separate_processes_one_thread_each(tmp_path):
     assert os.environ.get("OMP_NUM_THREADS") == before  # this process's setting is restored
 
 
+def test_local_runs_get_the_threads_asked_and_their_notes_reach_this_process(tmp_path, capfd):
+    """``cpus``: each local run's threads (several per run on a larger machine); what a run's
+    work prints on stderr (a note for whoever watches) is relayed here as it finishes, and
+    ``on_submit`` sees every submitted run in plan order, a finished one not."""
+    plan = _comparison(settings=("cogs",), only={}, seeds=(1,)).plan(str(tmp_path / "runs"))
+
+    def work(run):
+        import os
+        import sys
+
+        print(f"note from {run.row.name}", file=sys.stderr)
+        return {"threads": os.environ.get("OMP_NUM_THREADS")}
+
+    submitted = []
+    launcher = Launcher("local", jobs=2, folder=str(tmp_path / "submitit"), cpus=3)
+    results = runner.launch(plan, work, (), launcher, poll=0.2,
+                            done=lambda run: {"threads": None} if run.row.name == "lrf" else None,
+                            on_submit=lambda run: submitted.append(run.row.name))
+    assert [r["threads"] for r in results.values()] == ["3", None, "3"]
+    assert submitted == ["baseline", "hc"]
+    err = capfd.readouterr().err
+    assert "note from baseline" in err and "note from hc" in err and "from lrf" not in err
+    # one local run alone keeps torch's default; several share the machine one thread each
+    assert Launcher("local").threads() == {}
+    assert Launcher("local", jobs=2).threads() == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert Launcher("slurm", cpus=4).threads() == {}  # Slurm's own CPUs per task
+
+
+def test_the_nearest_width_of_a_linear_count():
+    """Two counts give the line; the width whose count is nearest the target (rounded), not
+    the first one above it."""
+    def count(width):
+        return 1000 + 37 * width
+    for target in (1000 + 37 * 70, 1000 + 37 * 70 + 18, 1000 + 37 * 70 + 19):
+        width = runner.nearest_width(count, 64, 128, target)
+        assert abs(count(width) - target) == min(abs(count(w) - target) for w in range(1, 400))
+    assert runner.nearest_width(count, 64, 128, 1000 + 37 * 70 + 19) == 71
+    # a tie (the WikiText-2 LRF row at 12 blocks is one) goes to the even width
+    assert runner.nearest_width(lambda w: 2 * w, 64, 128, 2 * 70 + 1) == 70
+    assert runner.nearest_width(lambda w: 2 * w, 64, 128, 2 * 71 + 1) == 72
+    assert runner.nearest_width(count, 64, 128, 0) == 1  # never below one unit
+
+
+def test_matched_baselines_are_added_once_where_a_row_exceeds_the_threshold():
+    """A row over the threshold gets the baseline widened to its count, in the settings that
+    need it (one row however many share it); a row within it gets none."""
+    counts = {("baseline", "a"): 100, ("big", "a"): 110, ("twin", "a"): 110,
+              ("small", "a"): 101, ("baseline", "b"): 200, ("big", "b"): 201,
+              ("twin", "b"): 230, ("small", "b"): 201}
+    rows = [Row(n, "x") for n in ("baseline", "big", "twin", "small")]
+    comparison = Comparison("t", rows, ("a", "b"), (1,), "baseline")
+
+    def matched(setting, target):
+        return Row(f"baseline_w{target}", "x", ("--width", str(target)))
+    out = runner.add_matched_baselines(comparison, lambda row, s: counts[(row.name, s)],
+                                       matched, 0.02)
+    assert out == {"a": {"big": "baseline_w110", "twin": "baseline_w110"},
+                   "b": {"twin": "baseline_w230"}}
+    assert [r.name for r in comparison.rows] == ["baseline", "big", "twin", "small",
+                                                 "baseline_w110", "baseline_w230"]
+    assert comparison.only == {"baseline_w110": ("a",), "baseline_w230": ("b",)}
+    assert [r.name for r in comparison.rows_in("b")] == ["baseline", "big", "twin", "small",
+                                                         "baseline_w230"]
+
+
 def test_a_failed_run_stops_the_comparison_naming_it(tmp_path):
     rows = (Row("baseline", "a"), Row("broken", "b"), Row("after", "c"))
     plan = _comparison(rows=rows, settings=("cogs",), only={}, seeds=(1,)).plan(str(tmp_path))

@@ -3,7 +3,7 @@
 
     python scripts/experiments/lm_depth_comparison.py [--data data-bin/wikitext-2]
         [--out-dir outputs/lm-depth] [--rows baseline,dwa,...] [--depths 4,12] [--seeds 1,2,3]
-        [--updates 800] [--embed-dim 128] [--jobs 1]
+        [--updates 800] [--embed-dim 128] [--jobs 1] [--launcher local|slurm|debug]
 
 Every row is ``gpt_baseline_lm`` (or ``ar_encdec_lm`` with the same total number of blocks) at
 d = 128, 4 heads, trained with one recipe (context 128, batch 16, ``--updates`` updates of Adam,
@@ -27,6 +27,10 @@ seed) ``analysis/analysis.json`` to DIR, and takes a finished run from there whe
 folder lacks it: the output folder is scratch space (checkpoints, logs), lost with the machine;
 DIR is committed (``results/lm_depth_runs``), so that a fresh clone resumes where the last
 commit left off and rewrites the tables from it.
+The comparison is a declaration run by the experiment runner (``layerlab.runner``: the
+depths are its settings; plan, matched baselines, submitit's launchers): ``--launcher local``
+(this machine, ``--jobs`` at a time), ``slurm`` (one job per run, ``--slurm-partition``,
+``--gpus-per-run``, ``--time-limit``) or ``debug`` (in this process).
 Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
@@ -54,7 +58,7 @@ import time
 
 import numpy as np
 
-from layerlab import fairseq_log, figures, paths, recipes, runs, significance, stats
+from layerlab import fairseq_log, figures, paths, recipes, runner, runs, significance, stats
 
 # fairseq's text_to_speech task calls logging.basicConfig(level=INFO) when fairseq is imported;
 # configuring logging first keeps the progress lines readable
@@ -114,6 +118,9 @@ BENCH_FILES = {
     + tuple(f"bench_depth_laurel_pieces_retain_d{d}_cpu.json" for d in LAUREL_BENCH_DEPTHS),
     "memory_growth_ratio": tuple(f"bench_depth_pieces_d{d}_cpu.json" for d in BENCH_DEPTHS)
     + tuple(f"bench_depth_laurel_pieces_d{d}_cpu.json" for d in LAUREL_BENCH_DEPTHS)}
+# the suite's files, named by every report; the others only by a report with their rows
+SUITE_BENCH_FILES = {f"bench_depth_pieces{kind}_d{d}_cpu.json" for d in BENCH_DEPTHS
+                     for kind in ("", "_retain")}
 # the fewest seeds on either side of a test that give a verdict: the issue's three; with two, a
 # bootstrap that resamples seeds draws the same seed twice half the time and sees half the seed
 # variance (three: two thirds), so a 2-seed interval is too narrow to call anything beyond noise
@@ -187,13 +194,11 @@ def parameters(arch, flags, dictionary):
 
 def matched_ffn(target, depth, embed_dim, dictionary):
     """The FFN width whose baseline has the parameters closest to ``target`` (the count is
-    linear in the width: two builds give the line)."""
-    low, high = 4 * embed_dim, 8 * embed_dim
-    counts = [parameters("gpt_baseline_lm",
-                         recipes.lm_sizes("gpt_baseline_lm", depth, embed_dim, HEADS, ffn),
-                         dictionary) for ffn in (low, high)]
-    per_unit = (counts[1] - counts[0]) / (high - low)
-    return max(1, round(low + (target - counts[0]) / per_unit))
+    linear in the width: ``runner.nearest_width``)."""
+    return runner.nearest_width(
+        lambda ffn: parameters("gpt_baseline_lm", recipes.lm_sizes(
+            "gpt_baseline_lm", depth, embed_dim, HEADS, ffn), dictionary),
+        4 * embed_dim, 8 * embed_dim, target)
 
 
 def check_inputs(args):
@@ -282,6 +287,8 @@ def score_blocks(checkpoint, data, subset, device="cpu"):
 
     from fairseq import checkpoint_utils
 
+    import fairseq_plugins  # noqa: F401  its models and checkpoint allow-list (a run's process)
+
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [checkpoint], arg_overrides={"data": data})
     model = models[0].float().to(device).eval()
@@ -346,14 +353,9 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
     its validation bits are the run's curve point there (to the curve's 5 decimals), else
     reported, left out and not tried again (``test_blocks_<N>.mismatch.json`` in the run's
     folder and the kept one). -> the run's result (unchanged: the blocks are files beside it)."""
-    if result.get("diverged") or not result.get("curve"):
-        return result
-    for update in args.test_at:
+    for update in missing_test_at(args, run_dir, result):
         name = f"test_blocks_{update}.npy"
-        # a recovery that gave another model is not tried again at every restart
         mismatch = os.path.join(run_dir, f"test_blocks_{update}.mismatch.json")
-        if os.path.exists(os.path.join(run_dir, name)) or os.path.exists(mismatch):
-            continue
         print(f"  {row} at {depth} blocks, seed {seed}: training {update} updates again for "
               f"{name}", file=sys.stderr, flush=True)
         scratch = os.path.join(run_dir, f"at{update}")
@@ -383,6 +385,26 @@ def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
             shutil.copyfile(written, os.path.join(kept_dir, os.path.basename(written)))
         shutil.rmtree(scratch)
     return result
+
+
+def missing_test_at(args, run_dir, result):
+    """The ``--test-at`` points a finished run has neither test blocks for nor a recorded
+    mismatch (a recovery that gave another model is not tried again at every restart); none for
+    a diverged run or one without a curve."""
+    if result.get("diverged") or not result.get("curve"):
+        return []
+    return [update for update in args.test_at
+            if not any(os.path.exists(os.path.join(run_dir, f"test_blocks_{update}.{ext}"))
+                       for ext in ("npy", "mismatch.json"))]
+
+
+def work(run, args, recipes):
+    """The runner's work: one run (``run.setting`` is its depth) with its recipe -> its
+    result (train_and_score)."""
+    depth, row, seed = run.key
+    kept = (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
+            if args.keep_runs else None)
+    return train_and_score(args, run.run_dir, kept, row, depth, seed, recipes[run.key])
 
 
 def training_log(log):
@@ -548,11 +570,18 @@ def learning_curve(run_dir, args, final_valid_bits):
     return {"updates": points, "valid_bits": bits}
 
 
-def bench_ratios():
+def bench_ratios(plan=None):
     """{depth: {bench row: {measure: its ratio to the plain LM}}}, each measure (the keys of
     BENCH_FILES) read from its own committed bench runs; a file not in this checkout leaves its
-    depth's measure out (the report prints "—")."""
-    out = {}
+    depth's measure out (the report prints "—"). With ``plan`` ((depth, row) pairs): also
+    {measure: the files the report's caption names, in BENCH_FILES' order}: the suite's at
+    BENCH_DEPTHS, and a file of rows added later (LAuReL's) where it measured a row of the plan
+    at its depth."""
+    out, used = {}, {measure: [n for n in names if n in SUITE_BENCH_FILES]
+                     for measure, names in BENCH_FILES.items()}
+    # the plain model's ratio is 1 by definition: every file measures it, none is needed for it
+    wanted = {(str(depth), BENCH_ROWS.get(row)) for depth, row in plan or ()
+              if BENCH_ROWS.get(row) != BENCH_ROWS[BASELINE]}
     for measure, names in BENCH_FILES.items():
         for name in names:
             path = os.path.join(paths.RESULTS, name)
@@ -563,7 +592,9 @@ def bench_ratios():
                     for row, measured in rows.items():
                         out.setdefault(depth, {}).setdefault(row, {})[measure] = \
                             measured.get(measure)
-    return out
+                        if (depth, row) in wanted and name not in used[measure]:
+                            used[measure].append(name)
+    return (out, used) if plan is not None else out
 
 
 def paired_test(rows_blocks, base_blocks, paired_seeds=False):
@@ -615,7 +646,9 @@ def summarise(args, results, plan, matched_of=None):
     """The report (JSON) and its markdown of the finished runs; ``matched_of`` {(depth, row):
     its matched-parameter baseline}."""
     matched_of = matched_of or {}
-    bench = bench_ratios()
+    # the caption names the bench files of the rows this report has runs of
+    bench, bench_files = bench_ratios([(depth, row) for depth, row in plan if any(
+        (depth, row, seed) in results for seed in args.seeds)])
     codes = sorted({r.get("code", "not recorded") for r in results.values()})
     written = (f"Written {time.strftime('%Y-%m-%d')} by `{args.command}` with "
                f"{runs.package_version()}; the runs' code: {', '.join(codes)}.")
@@ -634,9 +667,9 @@ def summarise(args, results, plan, matched_of=None):
              "memory: scripts/bench/depth.py at the same depth and the runs' vocabulary and "
              "dropout, the time "
              "as the runs train (one thread, two processes at a time, their allocator settings: "
-             f"{', '.join('results/' + n for n in BENCH_FILES['train_time_ratio'])}), the peak "
+             f"{', '.join('results/' + n for n in bench_files['train_time_ratio'])}), the peak "
              "memory under glibc's defaults ("
-             f"{', '.join('results/' + n for n in BENCH_FILES['memory_growth_ratio'])}); "
+             f"{', '.join('results/' + n for n in bench_files['memory_growth_ratio'])}); "
              "—: not benchmarked.",
              ""]
 
@@ -1263,6 +1296,12 @@ def main(argv=None):
                         "(0: none; not part of the recipe: it does not change the run)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each with the cores / jobs threads")
+    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local",
+                   help="where the runs go (submitit): local (this machine, --jobs at a time), "
+                        "slurm (one job per run), debug (in this process)")
+    p.add_argument("--slurm-partition")
+    p.add_argument("--gpus-per-run", type=int, default=0)
+    p.add_argument("--time-limit", type=int, default=24 * 60, help="minutes per run")
     p.add_argument("--keep-runs", metavar="DIR",
                    help="also keep every finished run's result, test-block scores and (first "
                         "seed) layer analysis in DIR, and take finished runs from there: a "
@@ -1289,28 +1328,42 @@ def main(argv=None):
     from fairseq.data import Dictionary
 
     dictionary = Dictionary.load(os.path.join(args.data, "dict.txt"))
-    plan, matched_of = [], {}  # matched_of: (depth, row) -> its matched-parameter baseline
     for depth in args.depths:
         if "attn_res_block" in args.rows and depth % 2:
             print(f"error: attn_res_block uses 2 groups: depth {depth} is odd", file=sys.stderr)
             return 2
-        plan += [(depth, row) for row in args.rows]
-        if args.no_matched_baselines:
-            continue
-        base = parameters(*row_spec(BASELINE, depth, args.embed_dim), dictionary)
-        for row in args.rows:
-            extra = parameters(*row_spec(row, depth, args.embed_dim), dictionary) / base - 1
-            if extra > MATCH_ABOVE:
-                matched = (f"{BASELINE}_ffn"
-                           f"{matched_ffn(base * (1 + extra), depth, args.embed_dim, dictionary)}")
-                matched_of[(depth, row)] = matched
-                if (depth, matched) not in plan:
-                    plan.append((depth, matched))
+    # the declaration: the settings are the depths, every run in <out>/d<depth>/<row>/seed<N>
+    comparison = runner.Comparison(
+        "lm_depth_comparison", [runner.Row(row, ROWS[row][0], tuple(ROWS[row][1]))
+                                for row in args.rows],
+        args.depths, args.seeds, BASELINE,
+        layout=lambda depth, row, seed: os.path.join(f"d{depth}", row, f"seed{seed}"))
+    matched_of = {}  # (depth, row) -> its matched-parameter baseline
+    if not args.no_matched_baselines:
+        def params(row, depth):
+            return parameters(*row_spec(row.name, depth, args.embed_dim), dictionary)
+
+        base_params = {}
+
+        def matched(depth, target):
+            # the target as the committed runs had it: the baseline's count times one plus the
+            # row's excess, in floating point. LRF's count lies exactly between two widths at
+            # 4 and at 12 blocks; that product's last bit made 4 blocks' 771 (at 12 the tie
+            # went to the even 770): kept, so that the matched runs trained stay the matched
+            # ones
+            base = base_params.setdefault(depth, parameters(
+                *row_spec(BASELINE, depth, args.embed_dim), dictionary))
+            target = base * (1 + (target / base - 1))
+            return runner.Row(f"{BASELINE}_ffn"
+                              f"{matched_ffn(target, depth, args.embed_dim, dictionary)}",
+                              "gpt_baseline_lm")
+        matched_of = {(depth, row): name for depth, rows in runner.add_matched_baselines(
+            comparison, params, matched, MATCH_ABOVE).items() for row, name in rows.items()}
+    plan = [(depth, row.name) for depth in args.depths for row in comparison.rows_in(depth)]
     # seed by seed, and within a seed depth by depth: a comparison stopped part-way has every
     # row at the first seeds (at every depth) rather than some rows at every seed and others
     # at none
-    order = [(depth, row, seed) for seed in args.seeds for depth in args.depths
-             for d, row in plan if d == depth]
+    order = comparison.plan(args.out_dir)
 
     def recipe_of(depth, row):  # as JSON stores it (a finished run's recipe is compared with it)
         recipe = {"updates": args.updates, "embed_dim": args.embed_dim, "context": CONTEXT,
@@ -1320,28 +1373,20 @@ def main(argv=None):
             recipe["curve_interval"] = args.curve_interval
         return json.loads(json.dumps(recipe))
 
-    def run_dir(depth, row, seed):
-        return os.path.join(args.out_dir, f"d{depth}", row, f"seed{seed}")
-
-    def kept_dir(depth, row, seed):
+    def kept_dir(run):
+        depth, row, seed = run.key
         return (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
                 if args.keep_runs else None)
 
-    def run(index, depth, row, seed):
-        print(f"[{index + 1}/{len(order)}] {row} at {depth} blocks, seed {seed}",
-              file=sys.stderr, flush=True)
-        return train_and_score(args, run_dir(depth, row, seed), kept_dir(depth, row, seed), row,
-                               depth, seed, recipe_of(depth, row))
-
+    recipe_by_run = {run.key: recipe_of(run.setting, run.row.name) for run in order}
     results = {}
     # a finished run of another recipe (another --updates, warm-up, curve) is never mixed into
     # this table: one line, before anything trains
     try:
-        for depth, row, seed in order:
-            done = finished_run(run_dir(depth, row, seed), kept_dir(depth, row, seed),
-                                recipe_of(depth, row))
+        for run in order:
+            done = finished_run(run.run_dir, kept_dir(run), recipe_by_run[run.key])
             if done is not None:
-                results[(depth, row, seed)] = done
+                results[run.key] = done
     except runs.OtherRecipe as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -1374,10 +1419,31 @@ def main(argv=None):
             os.environ.pop(name, None)
         os.environ.update(ALLOCATORS[args.allocator])
         torch.set_num_threads(args.threads)
+        position = {run.key: index for index, run in enumerate(order)}
+
+        def started(run):
+            depth, row, seed = run.key
+            print(f"[{position[run.key] + 1}/{len(order)}] {row} at {depth} blocks, "
+                  f"seed {seed}", file=sys.stderr, flush=True)
+
+        def done(run):
+            # a finished run is not submitted again, unless it lacks a --test-at point (its
+            # work trains it again to the point)
+            result = results.get(run.key)
+            return None if result is None or missing_test_at(args, run.run_dir, result) \
+                else result
         try:
-            tasks = [(index, *key) for index, key in enumerate(order)]
-            for (_, *key), result in runs.in_parallel(run, tasks, args.jobs):
-                results[tuple(key)] = result
+            launcher = runner.Launcher(
+                args.launcher, args.jobs, os.path.join(args.out_dir, "submitit"),
+                args.slurm_partition, args.gpus_per_run, args.time_limit, args.threads)
+            results.update(runner.launch(order, work, (args, recipe_by_run), launcher,
+                                         done=done, on_submit=started))
+        except runner.PlanError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except runner.RunFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         finally:  # as they were (main() also runs in-process, e.g. in the tests)
             for name, value in saved[0].items():
                 if value is None:
