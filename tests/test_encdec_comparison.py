@@ -84,10 +84,54 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     assert [u for u, _ in gen_curve] == [u for u, _ in cogs_result["valid_curve"]]
     assert gen_curve and all(0 <= v <= 100 for _, v in gen_curve)
     assert "### cogs, gen_dev (exact match %)" in (tmp_path / "runs" / "results.md").read_text()
+    # learning curves as differences from the baseline's run of the same seed, per task and
+    # validated subset (COGS: dev and gen_dev), and the baseline's own curve; their figure
+    for task, labels in (("multi30k", ["valid"]), ("cogs", ["valid", "gen_dev"])):
+        curves = report["curves"][task]
+        assert sorted(curves) == sorted(labels + [f"{label}_baseline" for label in labels])
+        for label in labels:
+            updates, mean, low, high = curves[label]["hc_static"]
+            own = json.loads((tmp_path / "runs" / task / "hc_static" / "seed1" /
+                              "result.json").read_text())
+            base = json.loads((tmp_path / "runs" / task / "baseline" / "seed1" /
+                               "result.json").read_text())
+            where = "valid_curve" if label == "valid" else None
+            mine = own[where] if where else own["curves"][label]
+            theirs = base[where] if where else base["curves"][label]
+            assert updates == [u for u, _ in mine]
+            assert mean == low == high == [round(a[1] - b[1], 3) for a, b in zip(mine, theirs)]
+    assert (tmp_path / "runs" / "results_curves.png").stat().st_size > 0
     log = tmp_path / "runs" / "cogs" / "baseline" / "seed1" / "train.log"
     stamp = log.stat().st_mtime
     again = _run(*args, cwd=tmp_path)  # every run finished: nothing trains again
     assert again.returncode == 0 and log.stat().st_mtime == stamp
+
+
+def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_rows(tmp_path):
+    """Gains here (higher is better) against the WikiText-2 comparison's (fewer bits is
+    better) over the rows both have, under their names there; None below three rows."""
+    comparison = load_script("experiments", "encdec_comparison.py")
+    lm = {"depths": {"4": {"lrf": {"vs_baseline": {"difference": -0.03}},
+                           "mhc": {"vs_baseline": {"difference": -0.01}},
+                           "mudd": {"vs_baseline": {"difference": +0.02}},
+                           "dwa": {"vs_baseline": {"difference": -0.02}}}}}
+    path = tmp_path / "lm.json"
+    path.write_text(json.dumps(lm))
+
+    def table(**gains):
+        return {"baseline": {}, **{row: {"vs_baseline": {"difference": g}}
+                                   for row, g in gains.items()}}
+    # the same order (lrf_decoder is the LM's lrf): +1
+    same = comparison.ranking_against_lm(table(lrf_decoder=2.0, dwa=1.0, mhc=0.5, mudd=-1.0,
+                                               bridge_gca=9.0), str(path))
+    assert same["spearman"] == 1.0 and same["rows"] == ["lrf_decoder", "dwa", "mhc", "mudd"]
+    assert same["rank"]["lrf_decoder"] == 1 and same["lm_rank"]["mudd"] == 4
+    assert same["lm_gain_bits"]["lrf_decoder"] == 0.03
+    reversed_ = comparison.ranking_against_lm(table(lrf_decoder=-2.0, dwa=-1.0, mhc=0.5,
+                                                    mudd=1.0), str(path))
+    assert reversed_["spearman"] == -1.0
+    assert comparison.ranking_against_lm(table(lrf_decoder=1.0, mhc=2.0), str(path)) is None
+    assert comparison.ranking_against_lm(table(lrf_decoder=1.0), str(tmp_path / "no")) is None
 
 
 def test_a_recipe_not_chosen_runs_the_baseline_alone():
@@ -95,6 +139,21 @@ def test_a_recipe_not_chosen_runs_the_baseline_alone():
     assert all(chosen is None or chosen in comparison.RECIPES[task]
                for task, chosen in comparison.CHOSEN.items())
     assert set(comparison.TASKS) == set(comparison.RECIPES) == set(comparison.CHOSEN)
+    assert set(comparison.TASK_ROWS) == set(comparison.TASKS)
+    for task, rows in comparison.TASK_ROWS.items():
+        assert rows is None or (comparison.BASELINE in rows and set(rows) <= set(comparison.ROWS))
+    # not chosen: the baseline alone; chosen: the task's rows; the tests' scale: every row
+    for task in comparison.TASKS:
+        other = next(n for n in comparison.RECIPES[task]
+                     if n not in (comparison.CHOSEN[task], comparison.TEST_RECIPE))
+        assert comparison.runs_in(task, other, "baseline")
+        assert not comparison.runs_in(task, other, "lrf_both")
+        assert all(comparison.runs_in(task, comparison.TEST_RECIPE, row)
+                   for row in comparison.ROWS)
+        if comparison.CHOSEN[task]:
+            rows = comparison.TASK_ROWS[task] or comparison.ROWS
+            assert [r for r in comparison.ROWS
+                    if comparison.runs_in(task, comparison.CHOSEN[task], r)] == list(rows)
     recipe = comparison.recipe_of("cogs", "smoke", comparison.row_of("mudd"), "data-bin/cogs")
     train = recipe["train"]
     assert train[:2] == ["--arch", "layerwise_transformer"]

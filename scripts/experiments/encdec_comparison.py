@@ -103,8 +103,19 @@ ROWS = {
                                                  "1")),
     "mudd": ("layerwise_transformer", ("--mudd", "--mudd-ways", "qkvr")),
     "value_residual": ("layerwise_transformer", ("--value-residual", "learnable")),
-    "laurel_rw_lr": ("layerwise_transformer", ("--laurel", "rw_lr", "--laurel-rank", "8")),
-    "laurel_pa": ("layerwise_transformer", ("--laurel", "pa", "--laurel-rank", "8")),
+    # rank 4, as in the WikiText-2 comparison (the shared rows' ranks are compared)
+    "laurel_rw_lr": ("layerwise_transformer", ("--laurel", "rw_lr", "--laurel-rank", "4")),
+    "laurel_pa": ("layerwise_transformer", ("--laurel", "pa", "--laurel-rank", "4")),
+}
+# the rows each task runs under its chosen recipe (None: every row; the tests' scale runs
+# every row on both). COGS's runs cost more than Multi30k's (docs/ideas/comparison.md): it runs
+# the rows whose claims are about compositional generalisation (LRF, the encoder-decoder
+# connections, the swapped-role cross-attention) and one of each depth-connection family
+TASK_ROWS: Dict[str, Optional[Tuple[str, ...]]] = {
+    "multi30k": None,
+    "cogs": (BASELINE, "lrf_encoder", "lrf_decoder", "lrf_both", "bridge_gca", "dwa",
+             "inverted_cross_attention", "hc_dynamic", "mhc", "attn_res_full", "mudd",
+             "value_residual", "laurel_rw_lr"),
 }
 
 # task -> {recipe name: fairseq-train flags (sizes, regularisation, optimisation, budget)}
@@ -163,6 +174,26 @@ TEST_RECIPE = "smoke"  # runs every row (the tests' scale is no recipe to choose
 # fewer a bootstrap over seeds sees too little of their spread)
 VERDICT_SEEDS = 3
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
+# the rows shared with the WikiText-2 comparison (its 8,000-update report, at 4 blocks, where
+# every one of its rows has three seeds), by their names there: the language model's LRF row
+# fuses in its decoder, as lrf_decoder does here. Ranked against it on each task's test
+# subset named in RANKED (Spearman's rank correlation of the gains over the baseline)
+LM_REPORT = os.path.join("results", "lm_depth_comparison_8k_cpu.json")
+LM_DEPTH = "4"
+LM_ROWS = {"lrf_decoder": "lrf", "dwa": "dwa", "hc_static": "hc_static",
+           "hc_dynamic": "hc_dynamic", "mhc": "mhc", "frac_connections": "frac_connections",
+           "attn_res_full": "attn_res_full", "attn_res_block": "attn_res_block", "mudd": "mudd",
+           "value_residual": "value_residual", "laurel_rw_lr": "laurel_rw_lr",
+           "laurel_pa": "laurel_pa"}
+RANKED = {"multi30k": "test_2016", "cogs": "gen_dev"}
+
+
+def runs_in(task, recipe, row) -> bool:
+    """Whether ``row`` runs in ``task`` under ``recipe``: the baseline always; the other rows
+    at the tests' scale, and under the chosen recipe where TASK_ROWS has them."""
+    if row == BASELINE or recipe == TEST_RECIPE:
+        return True
+    return recipe == CHOSEN[task] and (TASK_ROWS[task] is None or row in TASK_ROWS[task])
 
 
 def model_flags(task, name, row: runner.Row) -> List[str]:
@@ -323,7 +354,7 @@ def main(argv=None):
     try:
         chosen = choose(args)
         # a recipe not chosen yet is tried on the baseline alone (the tests' scale runs all)
-        only = {row: tuple(t for t in args.tasks if chosen[t][0] in (CHOSEN[t], TEST_RECIPE))
+        only = {row: tuple(t for t in args.tasks if runs_in(t, chosen[t][0], row))
                 for row in args.rows if row != BASELINE}
         comparison = runner.Comparison(
             "encdec", [row_of(row) for row in args.rows], args.tasks,
@@ -445,7 +476,76 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                 table[row] = item
             entry[label] = table
         out["tasks"][task] = entry
+        out.setdefault("curves", {})[task] = curve_deltas(
+            rows, results, {"valid": "valid_curve", **{label: ("curves", label)
+                                                      for label in spec.curves}})
+        ranked = entry.get(RANKED.get(task))
+        if ranked:
+            out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
+
+
+def curve_deltas(rows, results, curves) -> dict:
+    """{curve label: {row: (updates, mean, low, high)}}: each row's learning curve minus the
+    baseline's of the same seed (the same data order), its mean and range over the seeds both
+    have, at the updates every one of them has; ``curves``: {label: where a result keeps it
+    (a key, or a (key, label) pair)}. The baseline's own curve (mean over its seeds) is kept
+    under the label ``<label>_baseline``."""
+    def curve(run, where):
+        value = results[run.key]
+        for key in (where if isinstance(where, tuple) else (where,)):
+            value = (value or {}).get(key)
+        return {int(u): v for u, v in value or []}
+    base = {r.seed: r for r in rows.get(BASELINE, [])}
+    out = {}
+    for label, where in curves.items():
+        if base:
+            own = [curve(r, where) for r in base.values()]
+            updates = sorted(set.intersection(*(set(c) for c in own)))
+            if updates:
+                out[f"{label}_baseline"] = (updates, [round(statistics.mean(c[u] for c in own),
+                                                            2) for u in updates])
+        deltas = {}
+        for row, row_runs in rows.items():
+            paired = [(curve(r, where), curve(base[r.seed], where)) for r in row_runs
+                      if row != BASELINE and r.seed in base]
+            if not paired:
+                continue
+            updates = sorted(set.intersection(*(set(a) & set(b) for a, b in paired)))
+            if not updates:
+                continue
+            diffs = [[a[u] - b[u] for a, b in paired] for u in updates]
+            deltas[row] = (updates, [round(statistics.mean(d), 3) for d in diffs],
+                           [round(min(d), 3) for d in diffs], [round(max(d), 3) for d in diffs])
+        out[label] = deltas
+    return out
+
+
+def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
+    """The shared rows (LM_ROWS) ranked by their gain over the baseline here (``table``: one
+    test subset's rows) and in the WikiText-2 comparison (its difference in test bits at
+    LM_DEPTH blocks, negated: fewer bits is the gain), and Spearman's rank correlation of the
+    two rankings (average ranks for ties; None below three shared rows or without the LM's
+    report)."""
+    from scipy.stats import rankdata, spearmanr
+
+    if not os.path.exists(lm_report):
+        return None
+    with open(lm_report) as f:
+        lm = json.load(f)["depths"].get(LM_DEPTH, {})
+    shared = [row for row in table if row in LM_ROWS and "vs_baseline" in table[row]
+              and "vs_baseline" in lm.get(LM_ROWS[row], {})]
+    if len(shared) < 3:
+        return None
+    here = [table[row]["vs_baseline"]["difference"] for row in shared]
+    there = [-lm[LM_ROWS[row]]["vs_baseline"]["difference"] for row in shared]
+    rho = spearmanr(here, there).statistic
+    # rank 1: the largest gain
+    return {"rows": shared, "lm_report": lm_report, "lm_depth": int(LM_DEPTH),
+            "gain": dict(zip(shared, here)), "lm_gain_bits": dict(zip(shared, there)),
+            "rank": dict(zip(shared, map(float, rankdata([-g for g in here])))),
+            "lm_rank": dict(zip(shared, map(float, rankdata([-g for g in there])))),
+            "spearman": round(float(rho), 3)}
 
 
 def markdown(report) -> str:
@@ -480,6 +580,26 @@ def markdown(report) -> str:
                 lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
                           for row, item in table.items()]
             lines.append("")
+    for task, ranking in report.get("against_lm", {}).items():
+        if not ranking:
+            continue
+        lines += [f"### {task} against the WikiText-2 comparison", "",
+                  f"The rows both comparisons have, ranked by their gain over the baseline "
+                  f"(1: the largest): here on {RANKED[task]}, there in test bits at "
+                  f"{ranking['lm_depth']} blocks ({ranking['lm_report']}). Spearman's rank "
+                  f"correlation: {ranking['spearman']:+.2f} over {len(ranking['rows'])} rows.",
+                  "", "| row | gain here | rank | gain there (bits) | rank |",
+                  "|---|---:|---:|---:|---:|"]
+        for row in sorted(ranking["rows"], key=lambda r: ranking["rank"][r]):
+            lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {ranking['rank'][row]:g} | "
+                         f"{ranking['lm_gain_bits'][row]:+.4f} | {ranking['lm_rank'][row]:g} |")
+        lines.append("")
+    for task, curves in report.get("curves", {}).items():
+        for label in [k for k in curves if k.endswith("_baseline")]:
+            updates, values = curves[label]
+            lines += [f"{task}, the baseline's {label[:-len('_baseline')]} curve (mean over "
+                      "its seeds): " + ", ".join(f"{v:g} at {u}" for u, v in
+                                                 zip(updates, values)) + ".", ""]
     lines.append(f"\\* the interval excludes 0 (marked only with {VERDICT_SEEDS} seeds or more "
                  "on both sides). Δ: row minus baseline, means over seeds; the hierarchical "
                  "bootstrap resamples test sentences and each row's seeds, the paired one the "
@@ -499,7 +619,20 @@ def write_report(args, report):
             json.dump(report, f, indent=2)
         with open(target + ".md", "w") as f:
             f.write(text)
+        curves_figure(report, target + "_curves.png")
     print(text)
+
+
+def curves_figure(report, out) -> bool:
+    """One panel per task and validation curve: each row's difference from the baseline over
+    the updates (mean over seeds, their range as a band)."""
+    from layerlab import figures
+
+    panels = [(f"{task}: {label} ({'BLEU' if TASKS[task].metric == 'bleu' else 'exact match %'})",
+               {row: tuple(v) for row, v in rows.items()})
+              for task, curves in report.get("curves", {}).items()
+              for label, rows in curves.items() if not label.endswith("_baseline")]
+    return figures.curve_differences(panels, out, ylabel="Δ vs the baseline")
 
 
 if __name__ == "__main__":
