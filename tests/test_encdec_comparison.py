@@ -134,6 +134,57 @@ def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_row
     assert comparison.ranking_against_lm(table(lrf_decoder=1.0), str(tmp_path / "no")) is None
 
 
+def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
+    """A training stopped by a NaN / inf loss is the run's result (diverged, its error and its
+    curve so far; no test scores), left out of its row's numbers and named in the tables; any
+    other failure of the training stays an error."""
+    import argparse
+
+    import numpy as np
+
+    from layerlab import runner, significance
+
+    comparison = load_script("experiments", "encdec_comparison.py")
+    run = runner.Run("cogs", comparison.row_of("mhc"), 1, str(tmp_path / "mhc"))
+    recipe = comparison.recipe_of("cogs", "smoke", run.row, "data-bin/cogs")
+
+    def diverging(cmd, log=None, append=False, on_cpu=None):
+        with open(log, "a") as f:
+            f.write('2026-12-05 00:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "3.1", '
+                    '"valid_exact_match": "12.5", "valid_num_updates": "40"}\n')
+        raise comparison.runs.StepError("fairseq-train failed: FloatingPointError: gradients "
+                                        "are Nan/Inf")
+    monkeypatch.setattr(comparison.runs, "run_logged", diverging)
+    result = comparison.run_work(run, recipe)
+    assert result["diverged"] and result["tests"] == {} and result["params"] is None
+    assert "Nan/Inf" in result["error"] and result["valid_curve"] == [(40, 12.5)]
+    assert json.loads((tmp_path / "mhc" / "result.json").read_text())["diverged"]
+
+    def broken(cmd, log=None, append=False, on_cpu=None):
+        raise comparison.runs.StepError("fairseq-train failed: FileNotFoundError: dict.in.txt")
+    monkeypatch.setattr(comparison.runs, "run_logged", broken)
+    with pytest.raises(comparison.runs.StepError, match="FileNotFoundError"):
+        comparison.run_work(runner.Run("cogs", run.row, 2, str(tmp_path / "other")), recipe)
+
+    # the report: the baseline's numbers, the diverged row named with its seed
+    base = runner.Run("cogs", comparison.row_of("baseline"), 1, str(tmp_path / "base"))
+    os.makedirs(base.run_dir)
+    stats = significance.sentence_stats("exact_match", ["a b", "c"], ["a b", "d"])
+    for label in ("test", "gen_dev"):
+        np.save(os.path.join(base.run_dir, f"test_stats_{label}.npy"), stats)
+    results = {base.key: {"params": 10, "train_cpu_seconds": 5.0, "valid_curve": [[40, 50.0]],
+                          "curves": {"gen_dev": [[40, 10.0]]},
+                          "tests": {"test": {"exact_match": 50.0},
+                                    "gen_dev": {"exact_match": 50.0}}},
+               run.key: result}
+    report = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run], results,
+                                  {"cogs": "smoke"})
+    table = report["tasks"]["cogs"]["gen_dev"]
+    assert table["baseline"]["mean"] == 50.0 and "diverged" not in table["baseline"]
+    assert table["mhc"] == {"seeds": [], "values": [], "params": None, "diverged": [1]}
+    assert "| mhc (diverged: seed 1) | — |" in comparison.markdown(report)
+
+
 def test_a_recipe_not_chosen_runs_the_baseline_alone():
     comparison = load_script("experiments", "encdec_comparison.py")
     assert all(chosen is None or chosen in comparison.RECIPES[task]

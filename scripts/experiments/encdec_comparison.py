@@ -241,17 +241,27 @@ def run_work(run, recipe):
     def on_cpu(seconds):
         spent[-1] = round(seconds, 1)
         runs.write_json(cpu_file, spent)
-    runs.run_logged(runs.train_command(data, run.run_dir, run.seed, recipe["train"]),
-                    os.path.join(run.run_dir, "train.log"), append=True, on_cpu=on_cpu)
+    log = os.path.join(run.run_dir, "train.log")
+    try:
+        runs.run_logged(runs.train_command(data, run.run_dir, run.seed, recipe["train"]), log,
+                        append=True, on_cpu=on_cpu)
+        failure = None
+    except runs.StepError as error:
+        # a loss that became NaN / inf is the row's result (reported as diverged, with its
+        # curve up to there); any other failure is a bug to see
+        if not runs.diverged(error):
+            raise
+        failure = str(error)[-500:]
     checkpoint = os.path.join(run.run_dir, recipe["checkpoint"])
-    curves = read_curves(os.path.join(run.run_dir, "train.log"), task.metric)
     result = {"task": run.setting, "row": run.row.name, "seed": run.seed, "recipe": recipe,
-              "params": runs.count_params(checkpoint), "valid_curve": curves["valid"],
-              "curves": {label: read_curves(os.path.join(run.run_dir, "train.log"), task.metric,
-                                            subset)["valid"]
+              "params": runs.count_params(checkpoint) if failure is None else None,
+              "valid_curve": read_curves(log, task.metric)["valid"],
+              "curves": {label: read_curves(log, task.metric, subset)["valid"]
                          for label, subset in task.curves.items()},
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
               "tests": {}, "package_version": runs.package_version()}
+    if failure is not None:
+        return runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
     for label, (subset, ref, categories) in task.tests.items():
         log = os.path.join(run.run_dir, f"generate-{label}.txt")
         runs.run_logged(runs.generate_command(data, checkpoint, subset, recipe["generate"]), log)
@@ -430,10 +440,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
            "package_version": runs.package_version(), "tasks": {}}
     for task in args.tasks:
         spec = TASKS[task]
-        rows = {}
+        rows, diverged = {}, {}
         for run in plan:
             if run.setting == task:
-                rows.setdefault(run.row.name, []).append(run)
+                # a diverged run is reported as such, and left out of its row's numbers
+                kept = diverged if results[run.key].get("diverged") else rows
+                kept.setdefault(run.row.name, []).append(run)
         entry = {}
         for label in spec.tests:
             # every run's per-sentence statistics, read once (a row's are compared with the
@@ -474,6 +486,9 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                         item["structural"] = round(statistics.mean(item["per_category"][c]
                                                                    for c in structural), 2)
                 table[row] = item
+            for row, row_runs in diverged.items():
+                table.setdefault(row, {"seeds": [], "values": [], "params": None})[
+                    "diverged"] = [r.seed for r in row_runs]
             entry[label] = table
         out["tasks"][task] = entry
         out.setdefault("curves", {})[task] = curve_deltas(
@@ -561,6 +576,11 @@ def markdown(report) -> str:
             base_seeds = len(table.get(BASELINE, {}).get("values", ()))
             for row, item in table.items():
                 verdict = min(len(item["values"]), base_seeds) >= VERDICT_SEEDS
+                gone = (f" (diverged: seed {', '.join(map(str, item['diverged']))})"
+                        if item.get("diverged") else "")
+                if not item["values"]:
+                    lines.append(f"| {row}{gone} | — | — | — | — | — | — | — |")
+                    continue
 
                 def cell(test):
                     if not test:
@@ -568,7 +588,7 @@ def markdown(report) -> str:
                     mark = " *" if test["larger_than_noise"] and verdict else ""
                     return (f"{test['difference']:+.2f} [{test['low']:+.2f}, "
                             f"{test['high']:+.2f}]{mark}")
-                lines.append(f"| {row} | {item['mean']:.2f} | "
+                lines.append(f"| {row}{gone} | {item['mean']:.2f} | "
                              f"{', '.join(f'{v:.2f}' for v in item['values'])} | "
                              f"{cell(item.get('vs_baseline'))} | "
                              f"{cell(item.get('vs_baseline_paired'))} | "
