@@ -54,7 +54,8 @@ def read_curves(path, metric="loss", subset="valid"):
         curves[kind] = []
         for record in records(path, tag):
             try:
-                value = record.get(prefix + metric, record[prefix + "loss"])
+                value = (record[prefix + metric] if prefix + metric in record
+                         else record[prefix + "loss"])
                 curves[kind].append((int(float(record[update_key])), float(value)))
             except (ValueError, KeyError):
                 pass  # a record without these fields

@@ -265,3 +265,26 @@ def test_a_data_folder_of_another_task_is_refused(tmp_path):
     assert proc.returncode == 2
     assert f"cogs: {tmp_path / 'm30k'} has no dict.in.txt, dict.out.txt: not the cogs data " \
         "folder" in proc.stderr
+
+
+def test_recipe_curves_reads_every_validated_subset_of_a_log(tmp_path, capsys):
+    """scripts/experiments/recipe_curves.py: each subset's metric by update, with its epoch;
+    a subset not validated at an update is a dash; a truncated last line is skipped."""
+    curves = load_script("experiments", "recipe_curves.py")
+    log = tmp_path / "train.log"
+    log.write_text(
+        '2026-12-05 00:00:01 | INFO | valid | {"epoch": 1, "valid_exact_match": "35.7", '
+        '"valid_num_updates": "282"}\n'
+        '2026-12-05 00:00:02 | INFO | test1 | {"epoch": 1, "test1_exact_match": "0", '
+        '"test1_num_updates": "282"}\n'
+        '2026-12-05 00:00:03 | INFO | valid | {"epoch": 2, "valid_exact_match": "54.87", '
+        '"valid_num_updates": "564"}\n'
+        '2026-12-05 00:00:04 | INFO | test1 | {"epoch": 2, "test1_exa')
+    out = tmp_path / "c.json"
+    assert curves.main(["--run", f"cogs-x={log}:exact_match:valid,test1",
+                        "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| 1 | 282 | 35.7 | 0 |" in table and "| 2 | 564 | 54.87 | — |" in table
+    saved = json.loads(out.read_text())["cogs-x"]
+    assert saved["curves"] == {"valid": [[282, 35.7], [564, 54.87]], "test1": [[282, 0.0]]}
+    assert saved["epochs"] == {"282": 1, "564": 2}
