@@ -398,13 +398,19 @@ def missing_test_at(args, run_dir, result):
                        for ext in ("npy", "mismatch.json"))]
 
 
+def kept_dir(args, run):
+    """A run's folder under ``--keep-runs`` (None without it)."""
+    depth, row, seed = run.key
+    return (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
+            if args.keep_runs else None)
+
+
 def work(run, args, recipes):
     """The runner's work: one run (``run.setting`` is its depth) with its recipe -> its
     result (train_and_score)."""
     depth, row, seed = run.key
-    kept = (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
-            if args.keep_runs else None)
-    return train_and_score(args, run.run_dir, kept, row, depth, seed, recipes[run.key])
+    return train_and_score(args, run.run_dir, kept_dir(args, run), row, depth, seed,
+                           recipes[run.key])
 
 
 def training_log(log):
@@ -1373,18 +1379,13 @@ def main(argv=None):
             recipe["curve_interval"] = args.curve_interval
         return json.loads(json.dumps(recipe))
 
-    def kept_dir(run):
-        depth, row, seed = run.key
-        return (os.path.join(args.keep_runs, f"d{depth}", row, f"seed{seed}")
-                if args.keep_runs else None)
-
     recipe_by_run = {run.key: recipe_of(run.setting, run.row.name) for run in order}
     results = {}
     # a finished run of another recipe (another --updates, warm-up, curve) is never mixed into
     # this table: one line, before anything trains
     try:
         for run in order:
-            done = finished_run(run.run_dir, kept_dir(run), recipe_by_run[run.key])
+            done = finished_run(run.run_dir, kept_dir(args, run), recipe_by_run[run.key])
             if done is not None:
                 results[run.key] = done
     except runs.OtherRecipe as e:
