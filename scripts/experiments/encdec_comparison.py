@@ -176,7 +176,7 @@ RECIPES = {
 }
 # the recipe every row of a task runs with once it is chosen on the baseline (None: not yet:
 # only the baseline runs, to choose it)
-CHOSEN: Dict[str, Optional[str]] = {"multi30k": None, "cogs": None}
+CHOSEN: Dict[str, Optional[str]] = {"multi30k": "d128_linear20", "cogs": None}
 TEST_RECIPE = "smoke"  # runs every row (the tests' scale is no recipe to choose)
 # the fewest seeds on either side of a test that give a verdict (as the LM comparison's: with
 # fewer a bootstrap over seeds sees too little of their spread)
