@@ -119,15 +119,29 @@ TASK_ROWS: Dict[str, Optional[Tuple[str, ...]]] = {
 }
 
 # task -> {recipe name: fairseq-train flags (sizes, regularisation, optimisation, budget)}
-_ADAM = ("--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
-         "--criterion", "label_smoothed_cross_entropy")
+# each task's embeddings and regularisation, the same in all its recipes
+_MULTI30K = ("--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1")
+_COGS = ("--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0")
+
+
+def _recipe(sizes, regularisation, lr, warmup, updates, linear=False, max_tokens=4096,
+            extra=()):
+    """One recipe's flags: ``sizes``, Adam (0.9, 0.98) with label-smoothed cross-entropy, the
+    rate rising to ``lr`` over ``warmup`` updates and then its inverse square root, or with
+    ``linear`` decaying linearly to zero at ``updates``, the last update; ``extra`` last."""
+    schedule = (("--lr-scheduler", "polynomial_decay", "--power", "1", "--end-learning-rate",
+                 "0", "--total-num-update", str(updates)) if linear
+                else ("--lr-scheduler", "inverse_sqrt"))
+    return sizes + ("--optimizer", "adam", "--adam-betas", "(0.9, 0.98)") + schedule + (
+        "--criterion", "label_smoothed_cross_entropy") + regularisation + (
+        "--lr", lr, "--warmup-updates", str(warmup), "--max-tokens", str(max_tokens),
+        "--max-update", str(updates)) + extra
 
 
 def _smoke(label_smoothing):
     """The tests' scale: two layers of width 16, four updates (no recipe to choose)."""
-    return _sizes(2, 16, 32, 2) + _ADAM + (
-        "--label-smoothing", label_smoothing, "--lr", "3e-3", "--warmup-updates", "1",
-        "--max-tokens", "1024", "--max-update", "4")
+    return _recipe(_sizes(2, 16, 32, 2), ("--label-smoothing", label_smoothing), "3e-3", 1, 4,
+                   max_tokens=1024)
 
 
 def _sizes(layers, dim, ffn, heads):
@@ -141,46 +155,26 @@ RECIPES = {
     "multi30k": {
         # a first candidate, measured on the baseline (docs/ideas/comparison.md): 3+3 layers,
         # d = 256; its CPU time per epoch decides whether it fits the budget
-        "d256": _sizes(3, 256, 1024, 4) + _ADAM + (
-            "--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1",
-            "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
-            "--max-update", "8000"),
+        "d256": _recipe(_sizes(3, 256, 1024, 4), _MULTI30K, "1e-3", 1000, 8000),
         # the second: 3+3, d = 128 at lr 1e-3 / 1,000 warm-up updates (4.7 minutes an epoch);
         # this third is the same model on the schedule Vaswani et al.'s rule gives width 128
         # (peak d^-0.5 * warmup^-0.5 ~ 2e-3 at 500 updates), capped at 40 epochs for the curve
-        "d128": _sizes(3, 128, 512, 4) + _ADAM + (
-            "--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1",
-            "--lr", "2e-3", "--warmup-updates", "500", "--max-tokens", "4096",
-            "--max-update", "5400"),
+        "d128": _recipe(_sizes(3, 128, 512, 4), _MULTI30K, "2e-3", 500, 5400),
         # the same model and peak, the rate decaying linearly to zero at 20 epochs (2,700
         # updates): the inverse square root above still gained ~1 BLEU every five epochs at 23
-        "d128_linear20": _sizes(3, 128, 512, 4) + _ADAM[:4] + (
-            "--lr-scheduler", "polynomial_decay", "--power", "1", "--end-learning-rate", "0",
-            "--total-num-update", "2700", "--criterion", "label_smoothed_cross_entropy",
-            "--share-decoder-input-output-embed", "--dropout", "0.3", "--label-smoothing", "0.1",
-            "--lr", "2e-3", "--warmup-updates", "500", "--max-tokens", "4096",
-            "--max-update", "2700"),
+        "d128_linear20": _recipe(_sizes(3, 128, 512, 4), _MULTI30K, "2e-3", 500, 2700,
+                                 linear=True),
         "smoke": _smoke("0.1"),
     },
     "cogs": {
-        "d256": _sizes(2, 256, 512, 4) + _ADAM + (
-            "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
-            "--lr", "1e-3", "--warmup-updates", "1000", "--max-tokens", "4096",
-            "--max-update", "10000"),
-        "d128": _sizes(2, 128, 512, 4) + _ADAM + (
-            "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
-            "--lr", "2e-3", "--warmup-updates", "500", "--max-tokens", "4096",
-            "--max-update", "20000"),
+        "d256": _recipe(_sizes(2, 256, 512, 4), _COGS, "1e-3", 1000, 10000),
+        "d128": _recipe(_sizes(2, 128, 512, 4), _COGS, "2e-3", 500, 20000),
         # the next candidate (as Multi30k's chosen one): the rate decaying linearly to zero at
         # 30 epochs (8,460 updates), validated every second epoch (the two validations are half
         # of an epoch's time); the inverse square root above still gained ~3 gen_dev points an
         # epoch at 21
-        "d128_linear30": _sizes(2, 128, 512, 4) + _ADAM[:4] + (
-            "--lr-scheduler", "polynomial_decay", "--power", "1", "--end-learning-rate", "0",
-            "--total-num-update", "8460", "--criterion", "label_smoothed_cross_entropy",
-            "--share-all-embeddings", "--dropout", "0.1", "--label-smoothing", "0.0",
-            "--lr", "2e-3", "--warmup-updates", "500", "--max-tokens", "4096",
-            "--max-update", "8460", "--validate-interval", "2"),
+        "d128_linear30": _recipe(_sizes(2, 128, 512, 4), _COGS, "2e-3", 500, 8460, linear=True,
+                                 extra=("--validate-interval", "2")),
         "smoke": _smoke("0.0"),
     },
 }
