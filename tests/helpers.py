@@ -147,3 +147,22 @@ def compile_with_eager_backend(monkeypatch):
         return torch.compile(module, backend=backend)
     monkeypatch.setattr(torch_compile, "compile_module", compile_module)
     return graphs
+
+
+def cogs_like(root):
+    """A COGS-shaped data folder (joined dictionary, test and gen_dev as test / test1) and its
+    gen_dev categories, under ``root`` as the preparation script lays them out."""
+    from layerlab.prepare import binarize_translation
+
+    text = root / "data" / "cogs"
+    text.mkdir(parents=True)
+    words = ["a", "b", "c", "d", "e"]
+    for subset, n in (("train", 60), ("valid", 12), ("test", 12), ("gen_dev", 12)):
+        src = [" ".join(words[(i + k) % 5] for k in range(1 + i % 3)) for i in range(n)]
+        (text / f"{subset}.in").write_text("\n".join(src) + "\n")
+        (text / f"{subset}.out").write_text("\n".join(s.upper() for s in src) + "\n")
+    (text / "gen_dev.cat").write_text("\n".join(["pp_recursion", "subj_to_obj_common"] * 6)
+                                      + "\n")
+    binarize_translation(str(root / "data-bin" / "cogs"), "in", "out", str(text / "train"),
+                         str(text / "valid"), [str(text / "test"), str(text / "gen_dev")],
+                         joined=True)

@@ -464,3 +464,49 @@ def test_anchors_report_what_is_not_installed_and_render(tmp_path, monkeypatch):
                              "te_sinkhorn": missing})
     assert "| fla-core AttnRes | — | not installed (no fla) |" in text
     assert "| TransformerEngine Sinkhorn | — |" in text
+
+
+def test_the_encdec_bench_measures_the_comparisons_rows_as_they_train(tmp_path):
+    """scripts/bench/encdec.py builds each row as the encoder-decoder comparison trains it (its
+    recipe's flags, pre-norm, the row's own, the task's dictionaries), adds the matched
+    baselines, and sizes the batch from the recipe and the training set's mean lengths."""
+    from conftest import cli_env
+    from helpers import cogs_like
+
+    cogs_like(tmp_path)
+    data = tmp_path / "data-bin" / "cogs"
+    out, table = tmp_path / "bench.json", tmp_path / "bench.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "bench", "encdec.py"), "--task", "cogs",
+         "--recipe", "smoke", "--rows", "baseline,hc_static", "--data", str(data), "--quick",
+         "--threads", "1", "--out", str(out), "--markdown", str(table)],
+        capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    cmp = paths.load_script("experiments", "encdec_comparison.py")
+    arch, flags = report["models"]["hc_static"]
+    assert arch == "layerwise_transformer"
+    assert flags == cmp.model_flags("cogs", "smoke", cmp.row_of("hc_static"))
+    assert {"--hyper-connections", "--encoder-normalize-before"} <= set(flags)
+    # the toy's sentences are 1-3 words and EOS (2, 3, 4 tokens in turn): mean 3 on each side
+    assert (report["config"]["src_len"], report["config"]["tgt_len"]) == (3, 3)
+    assert (report["config"]["d"], report["config"]["max_tokens"]) == (16, 1024)
+
+    def params(row):
+        return cmp.parameters("cogs", "smoke", cmp.row_of(row), str(data))
+    ratios = report["ratios_vs_baseline"]
+    assert ratios["hc_static"]["params_extra"] == params("hc_static") - params("baseline") > 0
+    # HC adds more than 2% at this scale: its matched baseline is measured beside it
+    match = report["matched"]["hc_static"]
+    assert match.startswith("baseline_ffn") and ratios[match]["train_time_ratio"] > 0
+    assert f"| {match} |" in table.read_text()
+
+
+def test_the_encdec_bench_refuses_an_unknown_task_in_one_line():
+    from conftest import cli_env
+
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "encdec.py"),
+                           "--task", "wmt", "--quick"], capture_output=True, text=True,
+                          env=cli_env())
+    assert proc.returncode == 2 and "unknown task 'wmt'" in proc.stderr
+    assert "Traceback" not in proc.stderr

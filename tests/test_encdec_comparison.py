@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import cli_env
-from helpers import SCRIPTS, SHARED_DATA
+from helpers import SCRIPTS, SHARED_DATA, cogs_like
 
 from layerlab.paths import load_script
 
@@ -21,32 +21,13 @@ def _run(*args, cwd):
                           text=True, env=cli_env(), cwd=cwd)
 
 
-def _cogs_like(root):
-    """A COGS-shaped data folder (joined dictionary, test and gen_dev as test / test1) and its
-    gen_dev categories, under ``root`` as the preparation script lays them out."""
-    from layerlab.prepare import binarize_translation
-
-    text = root / "data" / "cogs"
-    text.mkdir(parents=True)
-    words = ["a", "b", "c", "d", "e"]
-    for subset, n in (("train", 60), ("valid", 12), ("test", 12), ("gen_dev", 12)):
-        src = [" ".join(words[(i + k) % 5] for k in range(1 + i % 3)) for i in range(n)]
-        (text / f"{subset}.in").write_text("\n".join(src) + "\n")
-        (text / f"{subset}.out").write_text("\n".join(s.upper() for s in src) + "\n")
-    (text / "gen_dev.cat").write_text("\n".join(["pp_recursion", "subj_to_obj_common"] * 6)
-                                      + "\n")
-    binarize_translation(str(root / "data-bin" / "cogs"), "in", "out", str(text / "train"),
-                         str(text / "valid"), [str(text / "test"), str(text / "gen_dev")],
-                         joined=True)
-
-
 @pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
 def test_both_tasks_end_to_end_then_resume(tmp_path):
     prepared = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "multi30k.py"),
                                "--from", MULTI30K], capture_output=True, text=True,
                               env=cli_env(), cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
-    _cogs_like(tmp_path)
+    cogs_like(tmp_path)
     args = ["--tasks", "multi30k,cogs", "--rows", "baseline,hc_static", "--seeds", "1",
             "--recipe", "multi30k=smoke,cogs=smoke", "--out-dir", "runs", "--jobs", "2"]
     proc = _run(*args, cwd=tmp_path)
@@ -185,6 +166,49 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
     assert "| mhc (diverged: seed 1) | — |" in comparison.markdown(report)
 
 
+def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_path,
+                                                                          monkeypatch):
+    """Each row's training time and memory ratios come from scripts/bench/encdec.py's file of
+    the task, only where it measured the report's recipe at full size."""
+    import argparse
+
+    import numpy as np
+
+    from layerlab import runner, significance
+
+    comparison = load_script("experiments", "encdec_comparison.py")
+    plan, results = [], {}
+    for row, value in (("baseline", 50.0), ("mhc", 60.0)):
+        run = runner.Run("cogs", comparison.row_of(row), 1, str(tmp_path / row))
+        os.makedirs(run.run_dir)
+        stats = significance.sentence_stats("exact_match", ["a", "b"], ["a", "b" if row ==
+                                                                          "mhc" else "c"])
+        for label in ("test", "gen_dev"):
+            np.save(os.path.join(run.run_dir, f"test_stats_{label}.npy"), stats)
+        plan.append(run)
+        results[run.key] = {"params": 10, "train_cpu_seconds": 5.0, "valid_curve": [],
+                            "curves": {}, "tests": {label: {"exact_match": value}
+                                                    for label in ("test", "gen_dev")}}
+    bench = {"recipe": "smoke", "quick": False, "ratios_vs_baseline": {
+        "mhc": {"train_time_ratio": 1.31, "memory_growth_ratio": 1.7, "params_extra": 5}}}
+    pattern = str(tmp_path / "bench_{task}.json")
+    (tmp_path / "bench_cogs.json").write_text(json.dumps(bench))
+    monkeypatch.setattr(comparison, "BENCH", pattern)
+
+    def report(recipe):
+        return comparison.summarise(argparse.Namespace(tasks=["cogs"]), plan, results,
+                                    {"cogs": recipe})
+    measured = report("smoke")
+    mhc = measured["tasks"]["cogs"]["gen_dev"]["mhc"]
+    assert (mhc["train_time_ratio"], mhc["memory_growth_ratio"]) == (1.31, 1.7)
+    assert "| 10 | 1.31 | 1.7 | 1.0 |" in comparison.markdown(measured)
+    assert measured["bench"] == {"cogs": pattern.format(task="cogs")}
+    # another recipe's bench, or a quick run's, gives no ratios
+    assert "train_time_ratio" not in report("d128")["tasks"]["cogs"]["gen_dev"]["mhc"]
+    (tmp_path / "bench_cogs.json").write_text(json.dumps(dict(bench, quick=True)))
+    assert "bench" not in report("smoke")
+
+
 def test_a_recipe_not_chosen_runs_the_baseline_alone():
     comparison = load_script("experiments", "encdec_comparison.py")
     assert all(chosen is None or chosen in comparison.RECIPES[task]
@@ -217,7 +241,7 @@ def test_a_row_with_more_than_two_percent_parameters_gets_a_matched_baseline(tmp
     from layerlab import runner
 
     comparison = load_script("experiments", "encdec_comparison.py")
-    _cogs_like(tmp_path)
+    cogs_like(tmp_path)
     data = str(tmp_path / "data-bin" / "cogs")
     rows = [comparison.row_of(name) for name in ("baseline", "lrf_both", "value_residual")]
     declared = runner.Comparison("t", rows, ["cogs"], [1], "baseline")

@@ -34,7 +34,7 @@ def worker(job):
     torch.set_num_threads(job["threads"])
     cfg, w = job["cfg"], job["windows"]
     names = [BASELINE, *job["variants"]]
-    benches = {n: seq2seq.Bench(n, cfg, job["device"], job["fp16"]) for n in names}
+    benches = {n: seq2seq.bench_of(job, n) for n in names}
     for n in names:
         for _ in range(w["warmup"]):
             benches[n].train_step()

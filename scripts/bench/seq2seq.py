@@ -63,28 +63,31 @@ def size_flags(cfg):
 class Bench:
     """One model with its synthetic training batch, optimizer and generation batch."""
 
-    def __init__(self, variant, cfg, device, fp16):
+    def __init__(self, arch, flags, cfg, device, fp16, dictionaries=None):
+        """``flags``: every flag of the model (sizes included); ``dictionaries``: (source,
+        target) fairseq Dictionaries, by default one synthetic vocabulary of ``cfg["vocab"]``
+        symbols on both sides."""
         from fairseq_plugins.inprocess import build_translation_model, make_dict
 
-        arch, flags = VARIANTS[variant]
-        vocab = make_dict(cfg["vocab"] - 4, "w")
-        model, self.task, _ = build_translation_model(arch, size_flags(cfg) + flags, vocab,
-                                                      vocab, seed=1)
+        source, vocab = dictionaries or (make_dict(cfg["vocab"] - 4, "w"),) * 2
+        model, self.task, _ = build_translation_model(arch, list(flags), source, vocab, seed=1)
         dtype = torch.float16 if fp16 else torch.float32
         self.model = model.to(device=device, dtype=dtype)
         self.params = sum(p.numel() for p in model.parameters())
         g = torch.Generator().manual_seed(0)  # same data for every variant
 
-        def tokens(n, length):
-            t = torch.randint(vocab.nspecial, len(vocab), (n, length), generator=g)
-            t[:, -1] = vocab.eos()
+        def tokens(n, length, d=vocab):
+            t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
+            t[:, -1] = d.eos()
             return t.to(device)
 
-        self.bsz, self.cfg = cfg["max_tokens"] // cfg["tgt_len"], cfg
-        self.src, self.tgt = tokens(self.bsz, cfg["src_len"]), tokens(self.bsz, cfg["tgt_len"])
+        # fairseq's --max-tokens bounds sentences x the longer side's length
+        self.bsz, self.cfg = cfg["max_tokens"] // max(cfg["src_len"], cfg["tgt_len"]), cfg
+        self.src = tokens(self.bsz, cfg["src_len"], source)
+        self.tgt = tokens(self.bsz, cfg["tgt_len"])
         self.lengths = torch.full((self.bsz,), cfg["src_len"], device=device)
         self.prev = torch.cat([self.tgt[:, -1:], self.tgt[:, :-1]], dim=1)
-        self.gsrc = tokens(cfg["gen_sentences"], cfg["src_len"])
+        self.gsrc = tokens(cfg["gen_sentences"], cfg["src_len"], source)
         self.glen = torch.full((cfg["gen_sentences"],), cfg["src_len"], device=device)
         self.opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4 if fp16 else 1e-8)
 
@@ -108,25 +111,44 @@ class Bench:
                         max_len_b=self.cfg["tgt_len"], min_len=self.cfg["tgt_len"])
 
 
+def bench_of(job, name):
+    """The Bench of model ``name`` of a job: one of ``job["models"]`` ({name: (architecture,
+    every flag)}) over the dictionaries ``job["dictionaries"]`` names (source and target
+    paths) where the job has them (scripts/bench/encdec.py's), else one of VARIANTS at the
+    job's sizes over a synthetic vocabulary."""
+    if "models" in job:
+        from fairseq.data import Dictionary
+
+        arch, flags = job["models"][name]
+        dictionaries = [Dictionary.load(path) for path in job["dictionaries"]]
+    else:
+        arch, flags = VARIANTS[name][0], size_flags(job["cfg"]) + VARIANTS[name][1]
+        dictionaries = None
+    return Bench(arch, flags, job["cfg"], job["device"], job["fp16"], dictionaries)
+
+
 def worker(job):
     """``memory``: peak memory growth of one variant's training (a process of its own);
     ``speed``: the variant and the baseline in one process, timed in alternating windows
-    (order flipped every window) so that machine drift affects both alike."""
+    (order flipped every window) so that machine drift affects both alike; generation only
+    where ``windows["gen"]`` is above 0."""
     torch.set_num_threads(job["threads"])
     if job["mode"] == "cross_attention_memory":
         return cross_attention_memory(job)
     cfg, device, w = job["cfg"], job["device"], job["windows"]
     if job["mode"] == "memory":
-        bench = Bench(job["variant"], cfg, device, job["fp16"])
+        bench = bench_of(job, job["variant"])
         start = common.memory_start(device)
         for _ in range(w["warmup"] + w["steps"]):
             bench.train_step()
         return {"params": bench.params,
                 "train_peak_memory_growth_mb": round(common.memory_peak_growth(device, start), 1)}
     names = [job["baseline"], job["variant"]]
-    benches = {n: Bench(n, cfg, device, job["fp16"]) for n in names}
+    benches = {n: bench_of(job, n) for n in names}
     times = {n: {"train": [], "gen": []} for n in names}
     for kind, windows, steps in (("train", w["train"], w["steps"]), ("gen", w["gen"], 1)):
+        if not windows:
+            continue
         for n in names:  # warm-up
             for _ in range(w["warmup"] if kind == "train" else 1):
                 getattr(benches[n], "train_step" if kind == "train" else "generate")()
@@ -136,14 +158,16 @@ def worker(job):
                 times[n][kind] += common.timed_windows(step, 1, steps, 0, device)
     out = {}
     for n in names:
-        t_train, t_gen = common.median(times[n]["train"]), common.median(times[n]["gen"])
+        t_train = common.median(times[n]["train"])
         # per window too: the ratios are taken window by window (layerlab.bench.paired_ratio)
         out[n] = {"train_seconds_per_update": t_train,
                   "train_tokens_per_second": benches[n].bsz * cfg["tgt_len"] / t_train,
-                  "generate_seconds": t_gen,
-                  "generate_sentences_per_second": cfg["gen_sentences"] / t_gen,
-                  "train_seconds_per_round": times[n]["train"],
-                  "generate_seconds_per_round": times[n]["gen"]}
+                  "train_seconds_per_round": times[n]["train"]}
+        if times[n]["gen"]:
+            t_gen = common.median(times[n]["gen"])
+            out[n].update(generate_seconds=t_gen,
+                          generate_sentences_per_second=cfg["gen_sentences"] / t_gen,
+                          generate_seconds_per_round=times[n]["gen"])
     return out
 
 

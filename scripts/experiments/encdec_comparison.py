@@ -198,6 +198,9 @@ LM_ROWS = {"lrf_decoder": "lrf", "dwa": "dwa", "hc_static": "hc_static",
            "value_residual": "value_residual", "laurel_rw_lr": "laurel_rw_lr",
            "laurel_pa": "laurel_pa"}
 RANKED = {"multi30k": "test_2016", "cogs": "gen_dev"}
+# each task's benchmark of its rows at the recipe's size (scripts/bench/encdec.py): the report's
+# time and memory ratios, read where its recipe is the report's
+BENCH = os.path.join("results", "bench_encdec_{task}_cpu.json")
 
 
 def runs_in(task, recipe, row) -> bool:
@@ -452,6 +455,9 @@ def summarise(args, plan, results, names, matched=None) -> dict:
            "package_version": runs.package_version(), "tasks": {}}
     for task in args.tasks:
         spec = TASKS[task]
+        bench, bench_file = bench_ratios(task, names[task])
+        if bench_file:
+            out.setdefault("bench", {})[task] = bench_file
         rows, diverged = {}, {}
         for run in plan:
             if run.setting == task:
@@ -475,6 +481,9 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                         "params": results[row_runs[0].key]["params"]}
                 if None not in cpu and base_cpu and None not in base_cpu:
                     item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
+                for measure in ("train_time_ratio", "memory_growth_ratio"):
+                    if bench.get(row, {}).get(measure) is not None:
+                        item[measure] = bench[row][measure]
                 seeds = [r.seed for r in row_runs]
                 if base is not None and row != BASELINE:
                     item.update(_tests(spec.metric, stats[row], seeds, base,
@@ -510,6 +519,20 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
+
+
+def bench_ratios(task, recipe, pattern=None) -> Tuple[Dict[str, dict], Optional[str]]:
+    """({row: its ratios to the baseline}, the file) from the task's benchmark where it
+    measured ``recipe`` at full size; ({}, None) where there is none (a quick run's figures are
+    not measurements)."""
+    path = (pattern or BENCH).format(task=task)
+    if not os.path.exists(os.path.join(paths.REPO, path)):
+        return {}, None
+    with open(os.path.join(paths.REPO, path)) as f:
+        bench = json.load(f)
+    if bench.get("recipe") != recipe or bench.get("quick"):
+        return {}, None
+    return bench["ratios_vs_baseline"], path
 
 
 def curve_deltas(rows, results, curves) -> dict:
@@ -583,15 +606,16 @@ def markdown(report) -> str:
         for label, table in tests.items():
             lines += [f"### {task}, {label} ({metric})", "",
                       "| row | mean | per seed | Δ vs baseline [95%] | paired [95%] | "
-                      "Δ vs matched baseline [95%] | params | CPU time ratio |",
-                      "|---|---:|---|---|---|---|---:|---:|"]
+                      "Δ vs matched baseline [95%] | params | training time ratio | "
+                      "memory ratio | runs' CPU time ratio |",
+                      "|---|---:|---|---|---|---|---:|---:|---:|---:|"]
             base_seeds = len(table.get(BASELINE, {}).get("values", ()))
             for row, item in table.items():
                 verdict = min(len(item["values"]), base_seeds) >= VERDICT_SEEDS
                 gone = (f" (diverged: seed {', '.join(map(str, item['diverged']))})"
                         if item.get("diverged") else "")
                 if not item["values"]:
-                    lines.append(f"| {row}{gone} | — | — | — | — | — | — | — |")
+                    lines.append(f"| {row}{gone} | — | — | — | — | — | — | — | — | — |")
                     continue
 
                 def cell(test):
@@ -606,7 +630,9 @@ def markdown(report) -> str:
                              f"{cell(item.get('vs_baseline_paired'))} | "
                              + (f"{item['matched']}: {cell(item.get('vs_matched'))} | "
                                 if "matched" in item else "— | ")
-                             + f"{item['params']:,} | {item.get('cpu_ratio', '—')} |")
+                             + f"{item['params']:,} | {item.get('train_time_ratio', '—')} | "
+                             f"{item.get('memory_growth_ratio', '—')} | "
+                             f"{item.get('cpu_ratio', '—')} |")
             if any("per_category" in item for item in table.values()):
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
                 lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
@@ -635,8 +661,14 @@ def markdown(report) -> str:
     lines.append(f"\\* the interval excludes 0 (marked only with {VERDICT_SEEDS} seeds or more "
                  "on both sides). Δ: row minus baseline, means over seeds; the hierarchical "
                  "bootstrap resamples test sentences and each row's seeds, the paired one the "
-                 "per-seed differences (layerlab/significance.py). CPU time: the runs' own "
-                 "process accounts against the baseline's, not a benchmark.")
+                 "per-seed differences (layerlab/significance.py). Training time and memory "
+                 "ratios: the benchmark suite at the recipe's size ("
+                 + (", ".join(report["bench"].values()) if report.get("bench") else
+                    "not benchmarked: —")
+                 + "; scripts/bench/encdec.py), training time per update and the peak "
+                 "memory growth of training against the baseline's. The runs' CPU time: their "
+                 "processes' accounts (training and validation) against the baseline's, not a "
+                 "benchmark.")
     return "\n".join(lines) + "\n"
 
 
