@@ -58,9 +58,9 @@ def flag_value(flags, name):
 
 
 def plan(args):
-    """(models {name: (architecture, flags)}, cfg, dictionaries, recipe name) for ``args``:
-    the task's rows under its recipe with their matched baselines; one line (PlanError) for
-    what cannot be measured."""
+    """(models {name: (architecture, flags)}, cfg, dictionary paths, recipe name, {row: its
+    matched baseline}) for ``args``: the task's rows under its recipe with their matched
+    baselines; one line (PlanError) for what cannot be measured."""
     cmp = comparison()
     task = args.task
     if task not in cmp.TASKS:
