@@ -272,12 +272,45 @@ def test_a_row_with_more_than_two_percent_parameters_gets_a_matched_baseline(tmp
     (["--tasks", "cogs", "--recipe", "cogs=big"], "--recipe cogs=big: known recipes of cogs:"),
     (["--tasks", "cogs", "--data", "cogs=nowhere"], "cogs: no data folder nowhere (prepare it: "
      "python scripts/prepare/cogs.py"),
+    (["--threads", "0"], "--threads 0: at least 1"),
 ])
 def test_bad_declarations_are_one_line_before_anything_trains(tmp_path, args, message):
     proc = _run(*args, "--out-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("encdec_comparison.py: error: ")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_second_instance_into_the_same_folder_is_refused(tmp_path):
+    """Two instances into one --out-dir would train the same runs, each with threads sized for
+    the machine alone: the second stops in one line while the first holds the folder."""
+    from layerlab import runs
+
+    cogs_like(tmp_path)
+    (tmp_path / "runs").mkdir()
+    held = runs.exclusive_lock(str(tmp_path / "runs" / ".lock"))
+    args = ("--tasks", "cogs", "--recipe", "cogs=smoke", "--rows", "baseline", "--seeds", "1",
+            "--out-dir", "runs")
+    try:
+        proc = _run(*args, cwd=tmp_path)
+    finally:
+        held.close()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "encdec_comparison.py: error: another encdec_comparison.py is training into runs "
+        "(wait for it, stop it, or use another --out-dir)")
+    assert not (tmp_path / "runs" / "cogs").exists()
+
+
+def test_each_local_run_gets_its_share_of_the_cores():
+    import argparse
+
+    comparison = load_script("experiments", "encdec_comparison.py")
+    cores = os.cpu_count() or 1
+    assert comparison.run_threads(argparse.Namespace(threads=None, jobs=1)) == cores
+    assert comparison.run_threads(argparse.Namespace(threads=None, jobs=cores)) == 1
+    assert comparison.run_threads(argparse.Namespace(threads=None, jobs=4 * cores)) == 1
+    assert comparison.run_threads(argparse.Namespace(threads=3, jobs=1)) == 3
 
 
 def test_a_data_folder_of_another_task_is_refused(tmp_path):

@@ -5,7 +5,7 @@ per category of its gen_dev part), every row a pre-norm Transformer of one recip
 
     python scripts/experiments/encdec_comparison.py --tasks multi30k,cogs --rows baseline,...
         --seeds 1,2,3 --out-dir ~/layerlab-runs/encdec [--recipe multi30k=NAME]
-        [--launcher local|slurm] [--jobs 2] [--results-name encdec_comparison_cpu]
+        [--launcher local|slurm] [--jobs 2] [--threads 1] [--results-name encdec_comparison_cpu]
 
 The comparison is a declaration (``TASKS``, ``ROWS``, ``RECIPES``) run by the experiment runner
 (``layerlab.runner``: plan seed by seed, resume, submitit on this machine or Slurm). Each run
@@ -17,6 +17,9 @@ categories); the per-sentence statistics are kept for the tests. The report give
 row's mean and seeds, its difference to the baseline with the hierarchical bootstrap and the
 seed-paired test, its parameters and CPU time against the baseline's, and for COGS the
 per-category and lexical / structural exact match.
+
+``--jobs N`` trains N runs at once, each with the machine's cores / N threads (``--threads``
+sets them); a second instance training into the same ``--out-dir`` is refused.
 
 A recipe is chosen on the baseline alone (issue 101): until a task's recipe is marked chosen
 (``CHOSEN``), only the baseline row runs on it. Bad input (an unknown task, row or recipe, a
@@ -369,6 +372,8 @@ def main(argv=None):
     p.add_argument("--out-dir", default=os.path.expanduser("~/layerlab-runs/encdec"))
     p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local")
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--threads", type=int,
+                   help="threads of each run (default: the machine's cores / --jobs)")
     p.add_argument("--slurm-partition")
     p.add_argument("--gpus-per-run", type=int, default=0)
     p.add_argument("--time-limit", type=int, default=24 * 60)
@@ -377,6 +382,7 @@ def main(argv=None):
                    help="no wider-FFN baseline for the rows with more than 2%% extra parameters")
     args = p.parse_args(argv)
     try:
+        threads = run_threads(args)
         chosen = choose(args)
         # a recipe not chosen yet is tried on the baseline alone (the tests' scale runs all)
         only = {row: tuple(t for t in args.tasks if runs_in(t, chosen[t][0], row))
@@ -386,7 +392,7 @@ def main(argv=None):
             args.seeds, BASELINE if BASELINE in args.rows else args.rows[0], only=only)
         launcher = runner.Launcher(args.launcher, args.jobs,
                                    os.path.join(args.out_dir, "submitit"), args.slurm_partition,
-                                   args.gpus_per_run, args.time_limit)
+                                   args.gpus_per_run, args.time_limit, threads)
         comparison.check(lambda row, task: build_model(task, chosen[task][0], row,
                                                        chosen[task][1]))
         matched = {} if args.no_matched_baselines else add_matched_baselines(comparison,
@@ -398,8 +404,17 @@ def main(argv=None):
             runs.load_result(run.run_dir, recipes[run.key])
     except (runner.PlanError, runs.StepError) as error:
         p.error(str(error))
+    # one instance per output folder: a second would train the same runs, and its runs'
+    # threads would be sized for a machine it shares (two 2-thread runs on 2 cores train
+    # several times slower than two 1-thread ones)
+    os.makedirs(args.out_dir, exist_ok=True)
+    lock = runs.exclusive_lock(os.path.join(args.out_dir, ".lock"))
+    if lock is None:
+        p.error(f"another encdec_comparison.py is training into {args.out_dir} (wait for it, "
+                "stop it, or use another --out-dir)")
     print(f"[encdec] {len(plan)} runs ({', '.join(f'{t}: {n}' for t, (n, _) in chosen.items())}"
-          f"), {args.jobs} at a time ({args.launcher})", flush=True)
+          f"), {args.jobs} at a time ({args.launcher}), {launcher.cpus} thread(s) each",
+          flush=True)
     waiting = [t for t in args.tasks if chosen[t][0] not in (CHOSEN[t], TEST_RECIPE)]
     if waiting and len(args.rows) > 1:
         print(f"[encdec] {', '.join(waiting)}: recipe not chosen yet, the baseline alone runs "
@@ -417,7 +432,16 @@ def main(argv=None):
         raise SystemExit(f"encdec_comparison: {error}") from None
     report = summarise(args, plan, results, {t: n for t, (n, _) in chosen.items()}, matched)
     write_report(args, report)
+    lock.close()
     return 0
+
+
+def run_threads(args) -> int:
+    """Each run's threads: ``--threads``, or the machine's cores shared by the ``--jobs``
+    runs."""
+    if args.threads is not None and args.threads < 1:
+        raise runner.PlanError(f"--threads {args.threads}: at least 1")
+    return args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
 
 
 def add_matched_baselines(comparison, chosen) -> Dict[str, Dict[str, str]]:
