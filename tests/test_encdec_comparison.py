@@ -178,7 +178,7 @@ def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_p
 
     comparison = load_script("experiments", "encdec_comparison.py")
     plan, results = [], {}
-    for row, value in (("baseline", 50.0), ("mhc", 60.0)):
+    for row, value in (("baseline", 50.0), ("mhc", 100.0)):
         run = runner.Run("cogs", comparison.row_of(row), 1, str(tmp_path / row))
         os.makedirs(run.run_dir)
         stats = significance.sentence_stats("exact_match", ["a", "b"], ["a", "b" if row ==
@@ -201,7 +201,12 @@ def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_p
     measured = report("smoke")
     mhc = measured["tasks"]["cogs"]["gen_dev"]["mhc"]
     assert (mhc["train_time_ratio"], mhc["memory_growth_ratio"]) == (1.31, 1.7)
-    assert "| 10 | 1.31 | 1.7 | 1.0 |" in comparison.markdown(measured)
+    assert mhc["by_seed"] == {1: 50.0}
+    line = next(line for line in comparison.markdown(measured).splitlines()
+                if line.startswith("| mhc |"))
+    # seeds, params, last valid (none), test, Δ, verdict, Δ by seed, ..., time, memory, CPU
+    assert line.startswith("| mhc | 1 | 10 | — | 100.00 | +50.00 [")
+    assert "| not judged (1 seed) | +50.00 |" in line and line.endswith("| 1.31 | 1.7 | 1.0 |")
     assert measured["bench"] == {"cogs": pattern.format(task="cogs")}
     # another recipe's bench, or a quick run's, gives no ratios
     assert "train_time_ratio" not in report("d128")["tasks"]["cogs"]["gen_dev"]["mhc"]

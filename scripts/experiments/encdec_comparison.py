@@ -37,6 +37,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from layerlab import paths, runner, runs, significance
+from layerlab.stats import fmt, mean_std
 
 PRE_NORM = ("--encoder-normalize-before", "--decoder-normalize-before")
 
@@ -497,12 +498,24 @@ def summarise(args, plan, results, names, matched=None) -> dict:
             table = {}
             base = stats.get(BASELINE)
             base_cpu = [results[r.key]["train_cpu_seconds"] for r in rows.get(BASELINE, [])]
+            base_by_seed = {r.seed: results[r.key]["tests"][label][spec.metric]
+                            for r in rows.get(BASELINE, [])}
             for row, row_runs in rows.items():
                 values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
                 cpu = [results[r.key]["train_cpu_seconds"] for r in row_runs]
+                mean, std = mean_std(values)
+                # the last validation (the training's own metric, greedy) of each seed
+                last_valid = [results[r.key]["valid_curve"][-1][1] for r in row_runs
+                              if results[r.key]["valid_curve"]]
                 item = {"seeds": [r.seed for r in row_runs], "values": values,
-                        "mean": round(statistics.mean(values), 2),
+                        "mean": round(mean, 2), "std": round(std, 2),
                         "params": results[row_runs[0].key]["params"]}
+                if len(last_valid) == len(row_runs):
+                    item["valid_last"] = round(statistics.mean(last_valid), 2)
+                if row != BASELINE:
+                    # each seed against the baseline's run of the same seed (same data order)
+                    item["by_seed"] = {r.seed: round(v - base_by_seed[r.seed], 2)
+                                       for r, v in zip(row_runs, values) if r.seed in base_by_seed}
                 if None not in cpu and base_cpu and None not in base_cpu:
                     item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
                 for measure in ("train_time_ratio", "memory_growth_ratio"):
@@ -629,34 +642,45 @@ def markdown(report) -> str:
         metric = "BLEU" if TASKS[task].metric == "bleu" else "exact match %"
         for label, table in tests.items():
             lines += [f"### {task}, {label} ({metric})", "",
-                      "| row | mean | per seed | Δ vs baseline [95%] | paired [95%] | "
-                      "Δ vs matched baseline [95%] | params | training time ratio | "
-                      "memory ratio | runs' CPU time ratio |",
-                      "|---|---:|---|---|---|---|---:|---:|---:|---:|"]
+                      "| row | seeds | params | last valid | test | Δ vs baseline [95%] | "
+                      "beyond noise | Δ by seed | paired over seeds [95%] | beyond noise "
+                      "(paired) | Δ vs matched baseline [95%] | training time | memory | "
+                      "runs' CPU time |",
+                      "|---|---|---:|---:|---:|---:|:-:|---:|---:|:-:|---|---:|---:|---:|"]
             base_seeds = len(table.get(BASELINE, {}).get("values", ()))
             for row, item in table.items():
-                verdict = min(len(item["values"]), base_seeds) >= VERDICT_SEEDS
+                seeds = min(len(item["values"]), base_seeds)
                 gone = (f" (diverged: seed {', '.join(map(str, item['diverged']))})"
                         if item.get("diverged") else "")
                 if not item["values"]:
-                    lines.append(f"| {row}{gone} | — | — | — | — | — | — | — | — | — |")
+                    lines.append(f"| {row}{gone} |" + " — |" * 13)
                     continue
 
                 def cell(test):
+                    return (f"{test['difference']:+.2f} [{test['low']:+.2f}, "
+                            f"{test['high']:+.2f}]" if test else "—")
+
+                def verdict(test):
                     if not test:
                         return "—"
-                    mark = " *" if test["larger_than_noise"] and verdict else ""
-                    return (f"{test['difference']:+.2f} [{test['low']:+.2f}, "
-                            f"{test['high']:+.2f}]{mark}")
-                lines.append(f"| {row}{gone} | {item['mean']:.2f} | "
-                             f"{', '.join(f'{v:.2f}' for v in item['values'])} | "
-                             f"{cell(item.get('vs_baseline'))} | "
-                             f"{cell(item.get('vs_baseline_paired'))} | "
-                             + (f"{item['matched']}: {cell(item.get('vs_matched'))} | "
-                                if "matched" in item else "— | ")
-                             + f"{item['params']:,} | {item.get('train_time_ratio', '—')} | "
-                             f"{item.get('memory_growth_ratio', '—')} | "
-                             f"{item.get('cpu_ratio', '—')} |")
+                    if seeds < VERDICT_SEEDS:
+                        return f"not judged ({seeds} seed{'s' if seeds > 1 else ''})"
+                    return "yes" if test["larger_than_noise"] else "no"
+                by_seed = item.get("by_seed") or {}
+                matched = (f"{item['matched']}: {cell(item.get('vs_matched'))}"
+                           + (" *" if item.get("vs_matched", {}).get("larger_than_noise")
+                              and seeds >= VERDICT_SEEDS else "")
+                           if "matched" in item else "—")
+                lines.append(
+                    f"| {row}{gone} | {','.join(map(str, item['seeds']))} | "
+                    f"{item['params']:,} | {item.get('valid_last', '—')} | "
+                    f"{fmt(item['mean'], item['std'])} | {cell(item.get('vs_baseline'))} | "
+                    f"{verdict(item.get('vs_baseline'))} | "
+                    + (" / ".join(f"{d:+.2f}" for d in by_seed.values()) or "—") + " | "
+                    f"{cell(item.get('vs_baseline_paired'))} | "
+                    f"{verdict(item.get('vs_baseline_paired'))} | {matched} | "
+                    f"{item.get('train_time_ratio', '—')} | "
+                    f"{item.get('memory_growth_ratio', '—')} | {item.get('cpu_ratio', '—')} |")
             if any("per_category" in item for item in table.values()):
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
                 lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
@@ -682,8 +706,11 @@ def markdown(report) -> str:
             lines += [f"{task}, the baseline's {label[:-len('_baseline')]} curve (mean over "
                       "its seeds): " + ", ".join(f"{v:g} at {u}" for u, v in
                                                  zip(updates, values)) + ".", ""]
-    lines.append(f"\\* the interval excludes 0 (marked only with {VERDICT_SEEDS} seeds or more "
-                 "on both sides). Δ: row minus baseline, means over seeds; the hierarchical "
+    lines.append(f"Test: mean ± sample std over the row's seeds; last valid: the last "
+                 "validation's score (greedy), mean over the seeds. Beyond noise: the 95% "
+                 f"interval excludes 0, judged only with {VERDICT_SEEDS} seeds or more on both "
+                 "sides (\\* on a matched baseline's Δ). Δ: row minus baseline, means over "
+                 "seeds; Δ by seed: each seed against the baseline's same seed; the hierarchical "
                  "bootstrap resamples test sentences and each row's seeds, the paired one the "
                  "per-seed differences (layerlab/significance.py). Training time and memory "
                  "ratios: the benchmark suite at the recipe's size ("
