@@ -167,6 +167,36 @@ def exclusive_lock(path):
     return _HeldLock(fd)
 
 
+def synced_result(run_dir, kept_dir, recipe, kept_files):
+    """A finished run's result, or None. With a ``kept_dir`` (a comparison's ``--keep-runs``
+    folder, committed) the two folders are made to agree: a run finished in the output folder
+    is copied to the kept one, and a kept run missing from the output folder (a new machine, a
+    fresh clone) is copied back into it. ``kept_files(folder)``: the names a run keeps (the
+    result among them), of those in ``folder``."""
+    done = load_result(run_dir, recipe)
+    if kept_dir is None:
+        return done
+    if done is None:
+        kept = load_result(kept_dir, recipe)
+        if kept is not None:
+            fresh_run_dir(run_dir)
+            copy_run_files(kept_dir, run_dir, kept_files(kept_dir))
+        return kept
+    if load_result(kept_dir, recipe) is None:
+        copy_run_files(run_dir, kept_dir, kept_files(run_dir))
+    return done
+
+
+def copy_run_files(source, target, names):
+    """``names`` (those ``source`` has: a diverged run has only its result) from one run folder
+    to another, ``result.json`` last, so that a copy broken off part-way is not a finished
+    run."""
+    for name in sorted(names, key=lambda n: n == "result.json"):
+        if os.path.exists(os.path.join(source, name)):
+            os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
+            shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+
+
 def write_json(path, value):
     """``value`` as JSON into ``path``."""
     with open(path, "w") as f:

@@ -29,7 +29,8 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     cogs_like(tmp_path)
     args = ["--tasks", "multi30k,cogs", "--rows", "baseline,hc_static", "--seeds", "1",
-            "--recipe", "multi30k=smoke,cogs=smoke", "--out-dir", "runs", "--jobs", "2"]
+            "--recipe", "multi30k=smoke,cogs=smoke", "--out-dir", "runs", "--jobs", "2",
+            "--keep-runs", "kept"]
     proc = _run(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "runs" / "results.json").read_text())
@@ -86,6 +87,18 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     stamp = log.stat().st_mtime
     again = _run(*args, cwd=tmp_path)  # every run finished: nothing trains again
     assert again.returncode == 0 and log.stat().st_mtime == stamp
+    # --keep-runs: each finished run's result and test statistics (not its checkpoints)
+    kept = tmp_path / "kept" / "cogs" / "hc_static" / "seed1"
+    assert sorted(os.listdir(kept)) == ["result.json", "test_stats_gen_dev.npy",
+                                        "test_stats_test.npy"]
+    # a fresh machine with only the kept runs: --report-only writes the same tables, and
+    # trains nothing
+    fresh = _run(*args[:-6], "--out-dir", "fresh", "--keep-runs", "kept", "--report-only",
+                 cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    again_report = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert again_report["tasks"] == json.loads(json.dumps(report["tasks"]))
+    assert not list((tmp_path / "fresh").rglob("train.log"))
 
 
 def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_rows(tmp_path):

@@ -6,6 +6,7 @@ per category of its gen_dev part), every row a pre-norm Transformer of one recip
     python scripts/experiments/encdec_comparison.py --tasks multi30k,cogs --rows baseline,...
         --seeds 1,2,3 --out-dir ~/layerlab-runs/encdec [--recipe multi30k=NAME]
         [--launcher local|slurm] [--jobs 2] [--threads 1] [--results-name encdec_comparison_cpu]
+        [--keep-runs results/encdec_runs_cpu] [--report-only]
 
 The comparison is a declaration (``TASKS``, ``ROWS``, ``RECIPES``) run by the experiment runner
 (``layerlab.runner``: plan seed by seed, resume, submitit on this machine or Slurm). Each run
@@ -19,7 +20,10 @@ seed-paired test, its parameters and CPU time against the baseline's, and for CO
 per-category and lexical / structural exact match.
 
 ``--jobs N`` trains N runs at once, each with the machine's cores / N threads (``--threads``
-sets them); a second instance training into the same ``--out-dir`` is refused.
+sets them); a second instance training into the same ``--out-dir`` is refused. ``--keep-runs
+DIR`` copies each finished run's result and test statistics there (committed: a run kept there
+is not trained again, on any machine), and ``--report-only`` writes the report of the runs
+finished so far (each row over the seeds it has) without training.
 
 A recipe is chosen on the baseline alone (issue 101): until a task's recipe is marked chosen
 (``CHOSEN``), only the baseline row runs on it. Bad input (an unknown task, row or recipe, a
@@ -240,13 +244,18 @@ def recipe_of(task, name, row: runner.Row, data) -> dict:
             "generate": list(spec.generate), "checkpoint": "checkpoint_last.pt"}
 
 
-def run_work(run, recipe):
+def run_work(run, recipe, kept=None):
     """One run of ``recipe``: train (resuming its own last checkpoint where a stopped run of
-    the same recipe left one), then every test subset generated and scored -> result.json."""
+    the same recipe left one), then every test subset generated and scored -> result.json;
+    ``kept``: its --keep-runs folder (a run kept there is not trained again, a finished one is
+    copied there)."""
     import numpy as np
 
     from layerlab.fairseq_log import read_curves
 
+    done = runs.synced_result(run.run_dir, kept, recipe, kept_files)
+    if done is not None:
+        return done
     task = TASKS[run.setting]
     data = recipe["data"]
     started = os.path.join(run.run_dir, "started.json")
@@ -280,7 +289,8 @@ def run_work(run, recipe):
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
               "tests": {}, "package_version": runs.package_version()}
     if failure is not None:
-        return runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
+        runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
+        return runs.synced_result(run.run_dir, kept, recipe, kept_files)
     for label, (subset, ref, categories) in task.tests.items():
         log = os.path.join(run.run_dir, f"generate-{label}.txt")
         runs.run_logged(runs.generate_command(data, checkpoint, subset, recipe["generate"]), log)
@@ -297,7 +307,21 @@ def run_work(run, recipe):
             entry["per_category"] = {k: v["exact_match"]
                                      for k, v in scored["per_category"].items()}
         result["tests"][label] = entry
-    return runs.save_result(run.run_dir, result)
+    runs.save_result(run.run_dir, result)
+    return runs.synced_result(run.run_dir, kept, recipe, kept_files)
+
+
+def kept_files(folder) -> List[str]:
+    """What a run keeps under --keep-runs (committed): its result and the per-sentence
+    statistics of each test subset (the tests' input; the outputs and checkpoints stay)."""
+    return ["result.json", *sorted(n for n in os.listdir(folder)
+                                   if n.startswith("test_stats_") and n.endswith(".npy"))]
+
+
+def kept_dir(keep_runs, run) -> Optional[str]:
+    """A run's folder under ``--keep-runs`` (None without it): <task>/<row>/seed<n>."""
+    return (os.path.join(keep_runs, run.setting, run.row.name, f"seed{run.seed}")
+            if keep_runs else None)
 
 
 def build_model(task, name, row: runner.Row, data):
@@ -379,6 +403,12 @@ def main(argv=None):
     p.add_argument("--gpus-per-run", type=int, default=0)
     p.add_argument("--time-limit", type=int, default=24 * 60)
     p.add_argument("--results-name", help="also copy the report to results/NAME.{json,md}")
+    p.add_argument("--keep-runs", help="a folder (committed) each finished run's result and "
+                                       "test statistics are copied to; a run kept there is "
+                                       "not trained again")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report of the runs finished so far (in --out-dir or "
+                        "--keep-runs), training nothing")
     p.add_argument("--no-matched-baselines", action="store_true",
                    help="no wider-FFN baseline for the rows with more than 2%% extra parameters")
     args = p.parse_args(argv)
@@ -403,11 +433,21 @@ def main(argv=None):
                                       chosen[run.setting][1]) for run in plan}
         for run in plan:  # a finished run of another recipe: refused before anything trains
             runs.load_result(run.run_dir, recipes[run.key])
+            if args.keep_runs:
+                runs.load_result(kept_dir(args.keep_runs, run), recipes[run.key])
     except (runner.PlanError, runs.StepError) as error:
         p.error(str(error))
+    names = {t: n for t, (n, _) in chosen.items()}
+    if args.report_only:  # the runs finished so far, each row over the seeds it has
+        results = {run.key: runs.synced_result(run.run_dir, kept_dir(args.keep_runs, run),
+                                               recipes[run.key], kept_files) for run in plan}
+        finished = [run for run in plan if results[run.key] is not None]
+        print(f"[encdec] report of {len(finished)} of {len(plan)} runs", flush=True)
+        write_report(args, summarise(args, finished, results, names, matched))
+        return 0
     # one instance per output folder: a second would train the same runs, and its runs'
-    # threads would be sized for a machine it shares (two 2-thread runs on 2 cores train
-    # several times slower than two 1-thread ones)
+    # threads would be sized for a machine it shares (two 2-thread runs on 2 cores: a COGS
+    # validation took ~12 minutes where it takes about one)
     os.makedirs(args.out_dir, exist_ok=True)
     lock = runs.exclusive_lock(os.path.join(args.out_dir, ".lock"))
     if lock is None:
@@ -426,12 +466,13 @@ def main(argv=None):
                           for label, entry in result["tests"].items())
         print(f"[encdec] {run.setting} {run.row.name} seed {run.seed}: {tests}", flush=True)
     try:
-        results = runner.launch(plan, work, (recipes,), launcher, on_result=report_run,
-                                done=lambda run: runs.load_result(run.run_dir,
-                                                                  recipes[run.key]))
+        results = runner.launch(plan, work, (recipes, args.keep_runs), launcher,
+                                on_result=report_run, done=lambda run: runs.synced_result(
+                                    run.run_dir, kept_dir(args.keep_runs, run), recipes[run.key],
+                                    kept_files))
     except runner.RunFailed as error:
         raise SystemExit(f"encdec_comparison: {error}") from None
-    report = summarise(args, plan, results, {t: n for t, (n, _) in chosen.items()}, matched)
+    report = summarise(args, plan, results, names, matched)
     write_report(args, report)
     lock.close()
     return 0
@@ -454,9 +495,9 @@ def add_matched_baselines(comparison, chosen) -> Dict[str, Dict[str, str]]:
         MATCH_ABOVE)
 
 
-def work(run, recipes):
-    """The runner's work: the run with its own recipe."""
-    return run_work(run, recipes[run.key])
+def work(run, recipes, keep_runs=None):
+    """The runner's work: the run with its own recipe (and its kept folder)."""
+    return run_work(run, recipes[run.key], kept_dir(keep_runs, run))
 
 
 def _tests(metric, own, own_seeds, other, other_seeds, prefix):

@@ -317,32 +317,14 @@ def run_bits(blocks):
 
 
 def finished_run(run_dir, kept_dir, recipe):
-    """A finished run's result, or None. With ``--keep-runs`` the two folders are made to agree:
-    a run finished in the output folder is copied to the kept one (KEPT_FILES), and a kept run
-    missing from the output folder (a new machine, a fresh clone) is copied back into it."""
-    done = runs.load_result(run_dir, recipe)
-    if kept_dir is None:
-        return done
-    if done is None:
-        kept = runs.load_result(kept_dir, recipe)
-        if kept is not None:
-            runs.fresh_run_dir(run_dir)
-            copy_files(kept_dir, run_dir)
-        return kept
-    if runs.load_result(kept_dir, recipe) is None:
-        copy_files(run_dir, kept_dir)
-    return done
+    """A finished run's result, or None; with ``--keep-runs`` the output and kept folders
+    agree (``runs.synced_result``) over KEPT_FILES and the test-at points a run has."""
+    return runs.synced_result(run_dir, kept_dir, recipe, kept_files)
 
 
-def copy_files(source, target):
-    """KEPT_FILES from one run folder to another (those the run has: a diverged run has only its
-    result, a later seed no analysis); the result last, so that a copy broken off part-way is
-    not a finished run."""
-    at_points = sorted(n for n in os.listdir(source) if TEST_AT.fullmatch(n))
-    for name in sorted([*KEPT_FILES, *at_points], key=lambda n: n == "result.json"):
-        if os.path.exists(os.path.join(source, name)):
-            os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
-            shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+def kept_files(folder):
+    """KEPT_FILES and the test-at points ``folder`` holds (a later seed has no analysis)."""
+    return [*KEPT_FILES, *sorted(n for n in os.listdir(folder) if TEST_AT.fullmatch(n))]
 
 
 def test_at_points(args, run_dir, kept_dir, row, depth, seed, result):
