@@ -151,7 +151,7 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
     monkeypatch.setattr(comparison.runs, "run_logged", diverging)
     result = comparison.run_work(run, recipe)
     assert result["diverged"] and result["tests"] == {} and result["params"] is None
-    assert "Nan/Inf" in result["error"] and result["valid_curve"] == [(40, 12.5)]
+    assert "Nan/Inf" in result["error"] and result["valid_curve"] == [[40, 12.5]]
     assert json.loads((tmp_path / "mhc" / "result.json").read_text())["diverged"]
 
     def broken(cmd, log=None, append=False, on_cpu=None):
