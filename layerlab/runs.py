@@ -293,13 +293,23 @@ def fresh_run_dir(run_dir):
 
 
 def count_params(checkpoint):
-    """Parameters stored in a fairseq checkpoint (fairseq's ``_float_tensor`` buffers left out)."""
+    """Parameters stored in a fairseq checkpoint, each tensor once: a tied weight (shared
+    embeddings, an output projection that is the embedding) is one tensor under several names,
+    which torch.save keeps as one storage. fairseq's ``_float_tensor`` buffers are left out;
+    its one-element ``version`` buffers (one per stack) are counted, as in every run so far."""
     import torch
 
     import fairseq_plugins  # noqa: F401  (allow-lists fairseq's checkpoint types for torch.load)
 
     state = torch.load(checkpoint, map_location="cpu")
-    return sum(v.numel() for k, v in state["model"].items() if not k.endswith("_float_tensor"))
+    seen, total = set(), 0
+    for name, value in state["model"].items():
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if name.endswith("_float_tensor") or key in seen:
+            continue
+        seen.add(key)
+        total += value.numel()
+    return total
 
 
 def machine():

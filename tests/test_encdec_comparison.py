@@ -363,3 +363,25 @@ def test_recipe_curves_reads_every_validated_subset_of_a_log(tmp_path, capsys):
     saved = json.loads(out.read_text())["cogs-x"]
     assert saved["curves"] == {"valid": [[282, 35.7], [564, 54.87]], "test1": [[282, 0.0]]}
     assert saved["epochs"] == {"282": 1, "564": 2}
+
+
+@pytest.mark.parametrize("shared", [(), ("--share-decoder-input-output-embed",),
+                                    ("--share-all-embeddings",)])
+def test_a_checkpoints_parameters_count_a_tied_weight_once(tmp_path, shared):
+    """runs.count_params (the tables' params column): a weight tied under several names is one
+    parameter; fairseq's version buffers (one element per stack) are the only extra."""
+    import torch
+    from helpers import build_translation_model, make_dict
+
+    from layerlab import runs
+
+    vocab = make_dict(40, "w")
+    model = build_translation_model("transformer", ["--encoder-layers", "1", "--decoder-layers",
+                                                    "1", "--encoder-embed-dim", "16",
+                                                    "--decoder-embed-dim", "16", *shared],
+                                    vocab, vocab)[0]
+    torch.save({"model": model.state_dict()}, tmp_path / "checkpoint.pt")
+    versions = sum(1 for name in model.state_dict() if name.endswith(".version"))
+    assert versions == 2
+    assert runs.count_params(str(tmp_path / "checkpoint.pt")) == sum(
+        p.numel() for p in model.parameters()) + versions
