@@ -100,23 +100,14 @@ def run(args):
         windows = dict(train=2, steps=1, warmup=1, gen=1 if args.generate else 0)
     else:
         windows = dict(train=7, steps=3, warmup=3, gen=7 if args.generate else 0)
-    names = [base] + [n for n in models if n != base]
     job = dict(cfg=cfg, device=args.device, fp16=args.fp16, threads=args.threads,
                windows=windows, models=models, dictionaries=dictionaries)
-    script = os.path.abspath(__file__)
-    results = dict(zip(names, common.run_jobs(
-        script, [dict(job, mode="memory", variant=n) for n in names], args.threads,
-        [f"{n}: memory" for n in names], together=args.quick)))
-    compared = names[1:]
-    pairs = common.run_jobs(
-        script, [dict(job, mode="speed", variant=n, baseline=base) for n in compared],
-        args.threads, [f"{n} vs {base}: speed (interleaved)" for n in compared],
-        together=args.quick)
+    results, pairs = seq2seq.measure_against(os.path.abspath(__file__), job, base,
+                                             [n for n in models if n != base], args.threads,
+                                             together=args.quick)
     ratios = {}
     base_memory = results[base]["train_peak_memory_growth_mb"]
-    for name, pair in zip(compared, pairs):
-        results[name].update(pair[name])
-        results[name]["baseline_in_same_process"] = pair[base]
+    for name, pair in pairs.items():
         ratios[name] = {
             "train_time_ratio": common.paired_ratio(pair[name], pair[base]),
             # a CPU peak can grow by 0 MB in a quick run's shared process: no ratio then

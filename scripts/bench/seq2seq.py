@@ -171,6 +171,26 @@ def worker(job):
     return out
 
 
+def measure_against(script, job, baseline, others, threads, together=False):
+    """Each model's peak memory growth of training (``script``'s worker in mode ``memory``, a
+    process per model) and each of ``others`` timed against ``baseline`` in one process (mode
+    ``speed``) -> ({name: its memory result, with its speed figures and the baseline's of the
+    same process merged in for the others}, {other: its speed pair}). ``together``: every job
+    in one process (--quick)."""
+    names = [baseline, *others]
+    results = dict(zip(names, common.run_jobs(
+        script, [dict(job, mode="memory", variant=n) for n in names], threads,
+        [f"{n}: memory" for n in names], together=together)))
+    pairs = dict(zip(others, common.run_jobs(
+        script, [dict(job, mode="speed", variant=n, baseline=baseline) for n in others],
+        threads, [f"{n} vs {baseline}: speed (interleaved)" for n in others],
+        together=together)))
+    for name, pair in pairs.items():
+        results[name].update(pair[name])
+        results[name]["baseline_in_same_process"] = pair[baseline]
+    return results, pairs
+
+
 def mac_ratio(variant, cfg, algorithm):
     """(transformer + the variant's extra sub-layers) / transformer, in forward MACs of one
     (source, target) pair; each sub-layer's count is its module's own (``macs``)."""
@@ -259,17 +279,10 @@ def run(args):
                       windows=windows)
     script = os.path.abspath(__file__)
     compared = [v for v in variants if v != BASELINE]
-    results = dict(zip(variants, common.run_jobs(
-        script, [dict(common_job, mode="memory", variant=v) for v in variants], args.threads,
-        [f"{v}: memory" for v in variants], together=args.quick)))
-    pairs = common.run_jobs(
-        script, [dict(common_job, mode="speed", variant=v, baseline=BASELINE) for v in compared],
-        args.threads, [f"{v} vs {BASELINE}: speed (interleaved)" for v in compared],
-        together=args.quick)
+    results, pairs = measure_against(script, common_job, BASELINE, compared, args.threads,
+                                     together=args.quick)
     ratios = {}
-    for variant, pair in zip(compared, pairs):
-        results[variant].update(pair[variant])
-        results[variant]["baseline_in_same_process"] = pair[BASELINE]
+    for variant, pair in pairs.items():
         base, r = pair[BASELINE], pair[variant]
         train_ratio = common.paired_ratio(r, base)
         generate_ratio = common.paired_ratio(r, base, "generate_seconds_per_round")

@@ -437,9 +437,13 @@ def main(argv=None):
     except (runner.PlanError, runs.StepError) as error:
         p.error(str(error))
     names = {t: n for t, (n, _) in chosen.items()}
+
+    def finished(run):
+        """The run's result where it finished (here or kept), else None."""
+        return runs.synced_result(run.run_dir, kept_dir(args.keep_runs, run), recipes[run.key],
+                                  kept_files)
     if args.report_only:  # the runs finished so far, each row over the seeds it has
-        results = {run.key: runs.synced_result(run.run_dir, kept_dir(args.keep_runs, run),
-                                               recipes[run.key], kept_files) for run in plan}
+        results = {run.key: finished(run) for run in plan}
         finished = [run for run in plan if results[run.key] is not None]
         print(f"[encdec] report of {len(finished)} of {len(plan)} runs", flush=True)
         write_report(args, summarise(args, finished, results, names, matched))
@@ -452,7 +456,7 @@ def main(argv=None):
     if lock is None:
         p.error(f"another encdec_comparison.py is training into {args.out_dir} (wait for it, "
                 "stop it, or use another --out-dir)")
-    print(f"[encdec] {len(plan)} runs ({', '.join(f'{t}: {n}' for t, (n, _) in chosen.items())}"
+    print(f"[encdec] {len(plan)} runs ({', '.join(f'{t}: {n}' for t, n in names.items())}"
           f"), {args.jobs} at a time ({args.launcher}), {launcher.cpus} thread(s) each",
           flush=True)
     waiting = [t for t in args.tasks if chosen[t][0] not in (CHOSEN[t], TEST_RECIPE)]
@@ -466,9 +470,7 @@ def main(argv=None):
         print(f"[encdec] {run.setting} {run.row.name} seed {run.seed}: {tests}", flush=True)
     try:
         results = runner.launch(plan, work, (recipes, args.keep_runs), launcher,
-                                on_result=report_run, done=lambda run: runs.synced_result(
-                                    run.run_dir, kept_dir(args.keep_runs, run), recipes[run.key],
-                                    kept_files))
+                                on_result=report_run, done=finished)
     except runner.RunFailed as error:
         raise SystemExit(f"encdec_comparison: {error}") from None
     report = summarise(args, plan, results, names, matched)
