@@ -14,6 +14,15 @@ def adam_inverse_sqrt(lr, max_tokens, max_update, warmup=200):
             "--log-interval", "100"]
 
 
+def flag_value(flags, name):
+    """The value that follows ``name`` in a fairseq flag list (a ValueError names the flag when
+    the list does not have it)."""
+    try:
+        return flags[list(flags).index(name) + 1]
+    except (ValueError, IndexError):
+        raise ValueError(f"no value for {name} in {' '.join(map(str, flags))}") from None
+
+
 def lm_sizes(arch, blocks, embed_dim, heads, ffn=None):
     """Size flags of a language model with ``blocks`` blocks in all (``ar_encdec_lm``: two stacks
     of half, its cross-attention with ``heads`` heads too), as the WikiText-2 comparison trains

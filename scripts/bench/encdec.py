@@ -26,7 +26,7 @@ import sys
 import torch
 
 from layerlab import bench as common
-from layerlab import paths, runner
+from layerlab import paths, recipes, runner
 
 seq2seq = paths.load_script("bench", "seq2seq.py")  # the worker: a model's batch and timings
 
@@ -53,10 +53,6 @@ def mean_lengths(data, languages):
     return tuple(out)
 
 
-def flag_value(flags, name):
-    return flags[flags.index(name) + 1]
-
-
 def plan(args):
     """(models {name: (architecture, flags)}, cfg, dictionary paths, recipe name, {row: its
     matched baseline}) for ``args``: the task's rows under its recipe with their matched
@@ -81,11 +77,11 @@ def plan(args):
     models = {row.name: (row.arch, cmp.model_flags(task, name, row)) for row in declared.rows}
     flags = cmp.RECIPES[task][name]
     src_len, tgt_len = mean_lengths(data, cmp.TASKS[task].languages)
-    cfg = dict(layers=int(flag_value(flags, "--encoder-layers")),
-               d=int(flag_value(flags, "--encoder-embed-dim")),
-               ffn=int(flag_value(flags, "--encoder-ffn-embed-dim")),
-               heads=int(flag_value(flags, "--encoder-attention-heads")),
-               max_tokens=int(flag_value(flags, "--max-tokens")), src_len=src_len,
+    cfg = dict(layers=int(recipes.flag_value(flags, "--encoder-layers")),
+               d=int(recipes.flag_value(flags, "--encoder-embed-dim")),
+               ffn=int(recipes.flag_value(flags, "--encoder-ffn-embed-dim")),
+               heads=int(recipes.flag_value(flags, "--encoder-attention-heads")),
+               max_tokens=int(recipes.flag_value(flags, "--max-tokens")), src_len=src_len,
                tgt_len=tgt_len, gen_sentences=8 if args.quick else 64)
     dictionaries = [os.path.abspath(os.path.join(data, f"dict.{lang}.txt"))
                     for lang in cmp.TASKS[task].languages]

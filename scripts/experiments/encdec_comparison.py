@@ -40,7 +40,7 @@ import statistics
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from layerlab import paths, runner, runs, significance
+from layerlab import paths, recipes, runner, runs, significance
 from layerlab.stats import fmt, mean_std
 
 PRE_NORM = ("--encoder-normalize-before", "--decoder-normalize-before")
@@ -350,7 +350,7 @@ def matched_baseline(task, name, data, target: int) -> runner.Row:
     """The wider-FFN baseline whose parameters come nearest ``target``: the matched baseline
     of a row with more than MATCH_ABOVE extra parameters."""
     flags = RECIPES[task][name]
-    ffn = int(flags[flags.index("--encoder-ffn-embed-dim") + 1])
+    ffn = int(recipes.flag_value(flags, "--encoder-ffn-embed-dim"))
     return wider_baseline(runner.nearest_width(
         lambda width: parameters(task, name, wider_baseline(width), data), ffn, 2 * ffn,
         target))

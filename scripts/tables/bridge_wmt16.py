@@ -26,7 +26,7 @@ pre-training and five fine-tuning updates.
 import os
 import sys
 
-from layerlab import paths, stats, tables
+from layerlab import paths, recipes, stats, tables
 
 NAME = "bridge_wmt16"
 ROWS = {
@@ -180,7 +180,7 @@ def main(argv=None):
                for row in rows}
     if args.dry_run:
         return 0
-    budget = cfg["finetune"][cfg["finetune"].index("--max-update") + 1]
+    budget = recipes.flag_value(cfg["finetune"], "--max-update")
     lines = [f"BLEU (sacreBLEU 13a, detokenised, beam 4) on the test set, last checkpoint, seeds "
              f"{','.join(map(str, seeds))}; every condition {budget} updates of the same batch "
              "size and schedule. Published: the paper's WMT16 "
