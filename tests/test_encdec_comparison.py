@@ -385,3 +385,18 @@ def test_a_checkpoints_parameters_count_a_tied_weight_once(tmp_path, shared):
     assert versions == 2
     assert runs.count_params(str(tmp_path / "checkpoint.pt")) == sum(
         p.numel() for p in model.parameters()) + versions
+
+
+def test_cogs_per_category_table_lists_the_baselines_score_and_each_rows_difference():
+    """COGS's per-category lines: structural categories after the lexical ones and marked, the
+    baseline's exact match, every other row's difference from it; a row without per-category
+    scores (a diverged one) is left out, and without the baseline there is no table."""
+    comparison = load_script("experiments", "encdec_comparison.py")
+    table = {"baseline": {"per_category": {"pp_recursion": 10.0, "active_to_passive": 90.0}},
+             "mhc": {"per_category": {"pp_recursion": 12.5, "active_to_passive": 80.0}},
+             "hc": {"seeds": [], "values": [], "params": None, "diverged": [1]}}
+    lines = comparison.category_table(table)
+    assert lines[2] == "| category | baseline | mhc |"
+    assert lines[4:] == ["| active_to_passive | 90.0 | -10.0 |",
+                         "| pp_recursion (structural) | 10.0 | +2.5 |"]
+    assert comparison.category_table({"mhc": table["mhc"]}) == []

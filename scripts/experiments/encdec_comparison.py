@@ -677,6 +677,27 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
             "spearman": round(float(rho), 3)}
 
 
+def category_table(table) -> List[str]:
+    """Markdown lines: one line per generalisation category (structural ones marked), the
+    baseline's exact match and every other row's difference from it (means over seeds; the
+    rows without per-category scores are left out)."""
+    rows = [row for row, item in table.items() if "per_category" in item]
+    if BASELINE not in rows:
+        return []
+    others = [row for row in rows if row != BASELINE]
+    base = table[BASELINE]["per_category"]
+    lines = ["Per category (the baseline's exact match %, the other rows' Δ from it):", "",
+             "| category | " + " | ".join([BASELINE] + others) + " |",
+             "|---|" + "---:|" * (1 + len(others))]
+    for category in sorted(base, key=lambda c: (c in COGS_STRUCTURAL, c)):
+        mark = " (structural)" if category in COGS_STRUCTURAL else ""
+        cells = [f"{base[category]:.1f}"] + [
+            f"{table[row]['per_category'][category] - base[category]:+.1f}"
+            if category in table[row]["per_category"] else "—" for row in others]
+        lines.append(f"| {category}{mark} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report) -> str:
     lines = [f"Command: `{report['command']}` ({report['package_version']}, {report['date']}); "
              f"recipes: {', '.join(f'{t} {n}' for t, n in report['recipes'].items())}.", ""]
@@ -727,6 +748,7 @@ def markdown(report) -> str:
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
                 lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
                           for row, item in table.items()]
+                lines += [""] + category_table(table)
             lines.append("")
     for task, ranking in report.get("against_lm", {}).items():
         if not ranking:
