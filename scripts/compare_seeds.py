@@ -149,6 +149,7 @@ def markdown(summary, args):
 
 
 def main(argv=None):
+    runner.quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="fairseq data-bin (translation)")
     p.add_argument("--archs", required=True, help="comma-separated --arch names")

@@ -384,6 +384,7 @@ def choose(args) -> Dict[str, Tuple[str, str]]:
 
 
 def main(argv=None):
+    runner.quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS))
     p.add_argument("--rows", type=lambda t: t.split(","), default=list(ROWS))
