@@ -36,6 +36,8 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 LAUNCHERS = ("local", "slurm", "debug")
+# what sets a local run's thread count (its process inherits them)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def quiet_logging():
@@ -46,8 +48,6 @@ def quiet_logging():
     makes that call a no-op. The runs are processes of their own (fairseq-train's logging is
     fairseq's)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-# what sets a local run's thread count (its process inherits them)
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class PlanError(ValueError):
