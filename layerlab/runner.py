@@ -30,7 +30,6 @@ The work of one run is a plain function ``work(run, *args) -> dict`` (train, sco
 it by value).
 """
 import dataclasses
-import logging
 import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -38,16 +37,6 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 LAUNCHERS = ("local", "slurm", "debug")
 # what sets a local run's thread count (its process inherits them)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def quiet_logging():
-    """A comparison script's logging, set before it imports fairseq: warnings and errors, one
-    line each. Importing fairseq's models calls ``logging.basicConfig(level=DEBUG)`` (its
-    wav2vec2 classification module), which would print every library's debug records (the
-    report's figure: matplotlib's font search) on stderr; a root logger already configured
-    makes that call a no-op. The runs are processes of their own (fairseq-train's logging is
-    fairseq's)."""
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 class PlanError(ValueError):

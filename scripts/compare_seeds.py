@@ -26,12 +26,18 @@ training time relative to the baseline's) and ``results.png`` (bars with the see
 import argparse
 import datetime
 import json
+import logging
 import os
 import shlex
 import statistics
 import sys
 
 from layerlab import figures, recipes, runner, runs, significance, stats
+
+# fairseq's models call logging.basicConfig when imported (its text_to_speech task at INFO, its
+# wav2vec2 classification at DEBUG: matplotlib's font search in the report); configuring logging
+# first makes those calls no-ops, so warnings and errors stay one line each
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 def recipe(arch, args):
@@ -149,7 +155,6 @@ def markdown(summary, args):
 
 
 def main(argv=None):
-    runner.quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="fairseq data-bin (translation)")
     p.add_argument("--archs", required=True, help="comma-separated --arch names")

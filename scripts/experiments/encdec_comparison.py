@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import shlex
 import statistics
@@ -42,6 +43,11 @@ from typing import Dict, List, Optional, Tuple
 
 from layerlab import paths, recipes, runner, runs, significance
 from layerlab.stats import fmt, mean_std
+
+# fairseq's models call logging.basicConfig when imported (its text_to_speech task at INFO, its
+# wav2vec2 classification at DEBUG: matplotlib's font search in the report); configuring logging
+# first makes those calls no-ops, so warnings and errors stay one line each
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 PRE_NORM = ("--encoder-normalize-before", "--decoder-normalize-before")
 
@@ -384,7 +390,6 @@ def choose(args) -> Dict[str, Tuple[str, str]]:
 
 
 def main(argv=None):
-    runner.quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS))
     p.add_argument("--rows", type=lambda t: t.split(","), default=list(ROWS))

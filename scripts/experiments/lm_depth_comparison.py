@@ -1248,7 +1248,6 @@ def weights_figure(args, plan, depth):
 
 
 def main(argv=None):
-    runner.quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data-bin/wikitext-2")
     p.add_argument("--out-dir", default="outputs/lm-depth")
