@@ -450,9 +450,9 @@ def main(argv=None):
                                   kept_files)
     if args.report_only:  # the runs finished so far, each row over the seeds it has
         results = {run.key: finished(run) for run in plan}
-        finished = [run for run in plan if results[run.key] is not None]
-        print(f"[encdec] report of {len(finished)} of {len(plan)} runs", flush=True)
-        write_report(args, summarise(args, finished, results, names, matched))
+        done = [run for run in plan if results[run.key] is not None]
+        print(f"[encdec] report of {len(done)} of {len(plan)} runs", flush=True)
+        write_report(args, summarise(args, done, results, names, matched))
         return 0
     # one instance per output folder: a second would train the same runs, and its runs'
     # threads would be sized for a machine it shares (two 2-thread runs on 2 cores: a COGS
