@@ -246,6 +246,29 @@ class Launcher:
         return executor
 
 
+def add_launcher_arguments(parser) -> None:
+    """The launcher's flags, one set for every comparison script: ``--launcher``, ``--jobs``,
+    ``--slurm-partition``, ``--gpus-per-run``, ``--time-limit`` (read back by
+    :meth:`Launcher.from_args`)."""
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="where the runs go (submitit): local (this machine, --jobs at a "
+                             "time), slurm (one job per run), debug (in this process)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time (local: on this machine; slurm: the job array's "
+                             "parallelism)")
+    parser.add_argument("--slurm-partition", help="--launcher slurm: the partition")
+    parser.add_argument("--gpus-per-run", type=int, default=0,
+                        help="--launcher slurm: GPUs per run")
+    parser.add_argument("--time-limit", type=int, default=24 * 60, help="minutes per run")
+
+
+def launcher_from_args(args, folder: str, cpus: Optional[int] = None) -> Launcher:
+    """The :class:`Launcher` of the flags :func:`add_launcher_arguments` added, with submitit's
+    ``folder`` and ``cpus`` threads per run (raises :class:`PlanError` for impossible ones)."""
+    return Launcher(args.launcher, args.jobs, folder, args.slurm_partition, args.gpus_per_run,
+                    args.time_limit, cpus)
+
+
 class RunFailed(RuntimeError):
     """A run's work raised: the message names the run and ends with what it raised."""
 

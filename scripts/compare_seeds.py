@@ -173,16 +173,7 @@ def main(argv=None):
     p.add_argument("--validate-every", type=int,
                    help="--recipe linear_decay: updates between validations (default 500)")
     p.add_argument("--beam", type=int, default=5, help="fairseq-generate --beam (1: greedy)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at the same time; more than 1: one CPU thread each "
-                        "(--launcher slurm: jobs of the array at a time)")
-    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local",
-                   help="where the runs go (layerlab.runner, submitit): this machine, a Slurm "
-                        "cluster, or this process (debug)")
-    p.add_argument("--slurm-partition", help="--launcher slurm: the partition")
-    p.add_argument("--gpus-per-run", type=int, default=0, help="--launcher slurm: GPUs per run")
-    p.add_argument("--time-limit", type=int, default=24 * 60,
-                   help="--launcher slurm: minutes per run")
+    runner.add_launcher_arguments(p)  # --jobs above 1: one CPU thread each
     p.add_argument("--max-len-a", type=float, default=1.2,
                    help="fairseq-generate --max-len-a (SCAN: 0, its outputs are up to 48 tokens)")
     p.add_argument("--max-len-b", type=int, default=10, help="fairseq-generate --max-len-b "
@@ -221,9 +212,7 @@ def main(argv=None):
         "compare_seeds", [runner.Row(arch, arch) for arch in archs], ["data"], seeds,
         args.baseline, layout=lambda setting, row, seed: f"{row}-seed{seed}")
     try:
-        launcher = runner.Launcher(args.launcher, args.jobs,
-                                   os.path.join(args.out_dir, "submitit"),
-                                   args.slurm_partition, args.gpus_per_run, args.time_limit)
+        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"))
         comparison.check(build_check(args))
     except runner.PlanError as e:
         p.error(str(e))

@@ -215,3 +215,20 @@ def test_slurm_launcher_sets_partition_gpus_time_and_parallelism(tmp_path, monke
         Launcher("local", partition="gpu")
     with pytest.raises(PlanError, match="--launcher cloud: one of local, slurm, debug"):
         Launcher("cloud")
+
+
+def test_the_launcher_flags_give_the_launcher_they_name(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    runner.add_launcher_arguments(parser)
+    args = parser.parse_args(["--launcher", "slurm", "--jobs", "3", "--slurm-partition", "gpu",
+                              "--gpus-per-run", "2", "--time-limit", "45"])
+    launcher = runner.launcher_from_args(args, str(tmp_path / "s"), cpus=6)
+    assert launcher == Launcher("slurm", 3, str(tmp_path / "s"), "gpu", 2, 45, 6)
+    defaults = runner.launcher_from_args(parser.parse_args([]), "f")
+    assert defaults == Launcher("local", 1, "f", None, 0, 24 * 60, None)
+    with pytest.raises(PlanError, match="apply to --launcher slurm"):
+        runner.launcher_from_args(parser.parse_args(["--gpus-per-run", "1"]), "f")
+    with pytest.raises(SystemExit):  # argparse's own refusal of an unknown launcher
+        parser.parse_args(["--launcher", "cloud"])

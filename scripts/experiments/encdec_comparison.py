@@ -391,22 +391,23 @@ def choose(args) -> Dict[str, Tuple[str, str]]:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS))
-    p.add_argument("--rows", type=lambda t: t.split(","), default=list(ROWS))
-    p.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[1, 2, 3])
+    p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS),
+                   help=f"comma-separated, of {', '.join(TASKS)} (default: both)")
+    p.add_argument("--rows", type=lambda t: t.split(","), default=list(ROWS),
+                   help="comma-separated row names (default: every row; under its chosen recipe "
+                        "COGS runs those of TASK_ROWS)")
+    p.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[1, 2, 3],
+                   help="comma-separated (default 1,2,3; every row's first seed runs first)")
     p.add_argument("--recipe", type=lambda t: dict(kv.split("=", 1) for kv in t.split(",")),
                    default={}, help="TASK=NAME[,TASK=NAME]: a recipe of RECIPES (default: the "
                                     "chosen one, or the first while none is chosen)")
     p.add_argument("--data", type=lambda t: dict(kv.split("=", 1) for kv in t.split(",")),
                    default={}, help="TASK=DIR: another data folder of that task")
-    p.add_argument("--out-dir", default=os.path.expanduser("~/layerlab-runs/encdec"))
-    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local")
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--out-dir", default=os.path.expanduser("~/layerlab-runs/encdec"),
+                   help="the runs' folders (<task>/<row>/seed<N>) and the report")
+    runner.add_launcher_arguments(p)
     p.add_argument("--threads", type=int,
                    help="threads of each run (default: the machine's cores / --jobs)")
-    p.add_argument("--slurm-partition")
-    p.add_argument("--gpus-per-run", type=int, default=0)
-    p.add_argument("--time-limit", type=int, default=24 * 60)
     p.add_argument("--results-name", help="also copy the report to results/NAME.{json,md}")
     p.add_argument("--keep-runs", help="a folder (committed) each finished run's result and "
                                        "test statistics are copied to; a run kept there is "
@@ -426,9 +427,8 @@ def main(argv=None):
         comparison = runner.Comparison(
             "encdec", [row_of(row) for row in args.rows], args.tasks,
             args.seeds, BASELINE if BASELINE in args.rows else args.rows[0], only=only)
-        launcher = runner.Launcher(args.launcher, args.jobs,
-                                   os.path.join(args.out_dir, "submitit"), args.slurm_partition,
-                                   args.gpus_per_run, args.time_limit, threads)
+        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"),
+                                             threads)
         comparison.check(lambda row, task: build_model(task, chosen[task][0], row,
                                                        chosen[task][1]))
         matched = {} if args.no_matched_baselines else add_matched_baselines(comparison,

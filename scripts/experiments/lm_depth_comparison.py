@@ -1282,14 +1282,7 @@ def main(argv=None):
     p.add_argument("--save-interval-updates", type=int, default=100,
                    help="a checkpoint every N updates, from which an interrupted run continues "
                         "(0: none; not part of the recipe: it does not change the run)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at once, each with the cores / jobs threads")
-    p.add_argument("--launcher", choices=runner.LAUNCHERS, default="local",
-                   help="where the runs go (submitit): local (this machine, --jobs at a time), "
-                        "slurm (one job per run), debug (in this process)")
-    p.add_argument("--slurm-partition")
-    p.add_argument("--gpus-per-run", type=int, default=0)
-    p.add_argument("--time-limit", type=int, default=24 * 60, help="minutes per run")
+    runner.add_launcher_arguments(p)  # each run gets the cores / --jobs threads
     p.add_argument("--keep-runs", metavar="DIR",
                    help="also keep every finished run's result, test-block scores and (first "
                         "seed) layer analysis in DIR, and take finished runs from there: a "
@@ -1416,9 +1409,8 @@ def main(argv=None):
             return None if result is None or missing_test_at(args, run.run_dir, result) \
                 else result
         try:
-            launcher = runner.Launcher(
-                args.launcher, args.jobs, os.path.join(args.out_dir, "submitit"),
-                args.slurm_partition, args.gpus_per_run, args.time_limit, args.threads)
+            launcher = runner.launcher_from_args(
+                args, os.path.join(args.out_dir, "submitit"), args.threads)
             results.update(runner.launch(order, work, (args, recipe_by_run), launcher,
                                          done=done, on_submit=started))
         except runner.PlanError as e:
