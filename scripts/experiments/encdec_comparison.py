@@ -552,9 +552,8 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                 values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
                 cpu = [results[r.key]["train_cpu_seconds"] for r in row_runs]
                 mean, std = mean_std(values)
-                # the last validation (the training's own metric, greedy) of each seed
-                last_valid = [results[r.key]["valid_curve"][-1][1] for r in row_runs
-                              if results[r.key]["valid_curve"]]
+                last_valid = [v for v in (last_validation(results[r.key], label)
+                                          for r in row_runs) if v is not None]
                 item = {"seeds": [r.seed for r in row_runs], "values": values,
                         "mean": round(mean, 2), "std": round(std, 2),
                         "params": results[row_runs[0].key]["params"]}
@@ -604,6 +603,13 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
+
+
+def last_validation(result: dict, label: str) -> Optional[float]:
+    """A run's last validation score (greedy): of the tested subset ``label`` where the run
+    validates it (COGS's gen_dev), else of its validation subset; None without any."""
+    curve = (result.get("curves") or {}).get(label) or result["valid_curve"]
+    return curve[-1][1] if curve else None
 
 
 def bench_ratios(task, recipe, pattern=None) -> Tuple[Dict[str, dict], Optional[str]]:
@@ -777,7 +783,8 @@ def markdown(report) -> str:
                       "its seeds): " + ", ".join(f"{v:g} at {u}" for u, v in
                                                  zip(updates, values)) + ".", ""]
     lines.append(f"Test: mean ± sample std over the row's seeds; last valid: the last "
-                 "validation's score (greedy), mean over the seeds. Beyond noise: the 95% "
+                 "validation's score (greedy; of the tested subset where the runs validate it, "
+                 "as gen_dev, else of the validation subset), mean over the seeds. Beyond noise: the 95% "
                  f"interval excludes 0, judged only with {VERDICT_SEEDS} seeds or more on both "
                  "sides (\\* on a matched baseline's Δ). Δ: row minus baseline, means over "
                  "seeds; Δ by seed: each seed against the baseline's same seed; the hierarchical "
