@@ -185,7 +185,7 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
 def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_path,
                                                                           monkeypatch):
     """Each row's training time and memory ratios come from scripts/bench/encdec.py's file of
-    the task, only where it measured the report's recipe at full size."""
+    the task, only where it measured the report's recipe at full size and the row's model."""
     import argparse
 
     import numpy as np
@@ -205,8 +205,10 @@ def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_p
         results[run.key] = {"params": 10, "train_cpu_seconds": 5.0, "valid_curve": [],
                             "curves": {}, "tests": {label: {"exact_match": value}
                                                     for label in ("test", "gen_dev")}}
+    mhc_row = comparison.row_of("mhc")
     bench = {"recipe": "smoke", "quick": False, "ratios_vs_baseline": {
-        "mhc": {"train_time_ratio": 1.31, "memory_growth_ratio": 1.7, "params_extra": 5}}}
+        "mhc": {"train_time_ratio": 1.31, "memory_growth_ratio": 1.7, "params_extra": 5}},
+        "models": {"mhc": [mhc_row.arch, comparison.model_flags("cogs", "smoke", mhc_row)]}}
     pattern = str(tmp_path / "bench_{task}.json")
     (tmp_path / "bench_cogs.json").write_text(json.dumps(bench))
     monkeypatch.setattr(comparison, "BENCH", pattern)
@@ -228,6 +230,17 @@ def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_p
     assert "train_time_ratio" not in report("d128")["tasks"]["cogs"]["gen_dev"]["mhc"]
     (tmp_path / "bench_cogs.json").write_text(json.dumps(dict(bench, quick=True)))
     assert "bench" not in report("smoke")
+    # a row benchmarked with other flags than its runs' (its declaration changed since) shows
+    # no ratios, and the caption says so
+    changed = runner.Row("mhc", mhc_row.arch, mhc_row.flags + ("--hc-expansion-rate", "2"))
+    other = dict(bench, models={"mhc": [mhc_row.arch,
+                                        comparison.model_flags("cogs", "smoke", changed)]})
+    (tmp_path / "bench_cogs.json").write_text(json.dumps(other))
+    stale = report("smoke")
+    assert "train_time_ratio" not in stale["tasks"]["cogs"]["gen_dev"]["mhc"]
+    assert stale["bench_stale"] == {"cogs": ["mhc"]}
+    assert "cogs's mhc measured there with other flags than the runs'" in \
+        comparison.markdown(stale)
 
 
 def test_a_recipe_not_chosen_runs_the_baseline_alone():

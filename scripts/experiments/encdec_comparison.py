@@ -111,10 +111,12 @@ ROWS = {
     "mhc": ("layerwise_transformer", ("--mhc", "sinkhorn")),
     "frac_connections": ("layerwise_transformer", ("--frac-connections", "dynamic")),
     "attn_res_full": ("layerwise_transformer", ("--attn-res", "full")),
-    # one group per stack: every depth divides into it; the group count is to be set with the
-    # recipe's depth (the LM comparison's: two groups)
+    # a group per layer of the Multi30k recipe's 3-layer stacks (3 is the only divisor of 3
+    # but 1, and one group would leave two sources, the embedding and the sum of every
+    # output); the WikiText-2 comparison's 4 blocks make 2 groups of 2. COGS's 2-layer stacks
+    # do not run it (TASK_ROWS); the tests' recipe has 3 layers for it
     "attn_res_block": ("layerwise_transformer", ("--attn-res", "block", "--attn-res-blocks",
-                                                 "1")),
+                                                 "3")),
     "mudd": ("layerwise_transformer", ("--mudd", "--mudd-ways", "qkvr")),
     "value_residual": ("layerwise_transformer", ("--value-residual", "learnable")),
     # rank 4, as in the WikiText-2 comparison (the shared rows' ranks are compared)
@@ -153,8 +155,9 @@ def _recipe(sizes, regularisation, lr, warmup, updates, linear=False, max_tokens
 
 
 def _smoke(label_smoothing):
-    """The tests' scale: two layers of width 16, four updates (no recipe to choose)."""
-    return _recipe(_sizes(2, 16, 32, 2), ("--label-smoothing", label_smoothing), "3e-3", 1, 4,
+    """The tests' scale: three layers (as Multi30k's recipe: attn_res_block's groups divide
+    them) of width 16, four updates (no recipe to choose)."""
+    return _recipe(_sizes(3, 16, 32, 2), ("--label-smoothing", label_smoothing), "3e-3", 1, 4,
                    max_tokens=1024)
 
 
@@ -528,9 +531,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
            "package_version": runs.package_version(), "tasks": {}}
     for task in args.tasks:
         spec = TASKS[task]
-        bench, bench_file = bench_ratios(task, names[task])
+        declared = {run.row.name: run.row for run in plan if run.setting == task}
+        bench, bench_file, stale = bench_ratios(task, names[task], declared)
         if bench_file:
             out.setdefault("bench", {})[task] = bench_file
+        if stale:
+            out.setdefault("bench_stale", {})[task] = stale
         rows, diverged = {}, {}
         for run in plan:
             if run.setting == task:
@@ -612,18 +618,29 @@ def last_validation(result: dict, label: str) -> Optional[float]:
     return curve[-1][1] if curve else None
 
 
-def bench_ratios(task, recipe, pattern=None) -> Tuple[Dict[str, dict], Optional[str]]:
-    """({row: its ratios to the baseline}, the file) from the task's benchmark where it
-    measured ``recipe`` at full size; ({}, None) where there is none (a quick run's figures are
-    not measurements)."""
+def bench_ratios(task, recipe, rows: Dict[str, runner.Row], pattern=None
+                 ) -> Tuple[Dict[str, dict], Optional[str], List[str]]:
+    """({row: its ratios to the baseline}, the file, [rows it measured with other flags]) from
+    the task's benchmark where it measured ``recipe`` at full size; ({}, None, []) where there
+    is none (a quick run's figures are not measurements). A row's ratios are kept only where
+    the benchmark built the model ``rows`` declares (its architecture and every flag), so that a
+    row whose flags changed after its benchmark shows none rather than another model's."""
     path = (pattern or BENCH).format(task=task)
     if not os.path.exists(os.path.join(paths.REPO, path)):
-        return {}, None
+        return {}, None, []
     with open(os.path.join(paths.REPO, path)) as f:
         bench = json.load(f)
     if bench.get("recipe") != recipe or bench.get("quick"):
-        return {}, None
-    return bench["ratios_vs_baseline"], path
+        return {}, None, []
+    models = bench.get("models", {})
+
+    def same(name):
+        return models.get(name) == [rows[name].arch, model_flags(task, recipe, rows[name])]
+    ratios = {name: r for name, r in bench["ratios_vs_baseline"].items()
+              if name in rows and same(name)}
+    stale = sorted(name for name in bench["ratios_vs_baseline"] if name in rows
+                   and not same(name))
+    return ratios, path, stale
 
 
 def curve_deltas(rows, results, curves) -> dict:
@@ -793,7 +810,10 @@ def markdown(report) -> str:
                  "ratios: the benchmark suite at the recipe's size ("
                  + (", ".join(report["bench"].values()) if report.get("bench") else
                     "not benchmarked: —")
-                 + "; scripts/bench/encdec.py), training time per update and the peak "
+                 + "; scripts/bench/encdec.py"
+                 + "".join(f"; {task}'s {', '.join(rows)} measured there with other flags than "
+                           "the runs': —" for task, rows in report.get("bench_stale", {}).items())
+                 + "), training time per update and the peak "
                  "memory growth of training against the baseline's. The runs' CPU time: their "
                  "processes' accounts (training and validation) against the baseline's, not a "
                  "benchmark.")
