@@ -801,12 +801,14 @@ def markdown(report) -> str:
                                                  zip(updates, values)) + ".", ""]
     lines.append(f"Test: mean ± sample std over the row's seeds; last valid: the last "
                  "validation's score (greedy; of the tested subset where the runs validate it, "
-                 "as gen_dev, else of the validation subset), mean over the seeds. Beyond noise: the 95% "
-                 f"interval excludes 0, judged only with {VERDICT_SEEDS} seeds or more on both "
-                 "sides (\\* on a matched baseline's Δ). Δ: row minus baseline, means over "
-                 "seeds; Δ by seed: each seed against the baseline's same seed; the hierarchical "
-                 "bootstrap resamples test sentences and each row's seeds, the paired one the "
-                 "per-seed differences (layerlab/significance.py). Training time and memory "
+                 "as gen_dev, else of the validation subset), mean over the seeds. Beyond "
+                 f"noise: the 95% interval excludes 0, judged only with {VERDICT_SEEDS} seeds or "
+                 "more on both sides (\\* on a matched baseline's Δ). Δ: row minus baseline, "
+                 "means over seeds of the unrounded corpus scores; Δ by seed: each seed's score "
+                 "as stored (two decimals) against the baseline's same seed, so the two may "
+                 "differ in the last digit; the hierarchical bootstrap resamples test sentences "
+                 "and each row's seeds, the paired one the per-seed differences "
+                 "(layerlab/significance.py). Training time and memory "
                  "ratios: the benchmark suite at the recipe's size ("
                  + (", ".join(report["bench"].values()) if report.get("bench") else
                     "not benchmarked: —")
