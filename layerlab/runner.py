@@ -249,7 +249,7 @@ class Launcher:
 def add_launcher_arguments(parser) -> None:
     """The launcher's flags, one set for every comparison script: ``--launcher``, ``--jobs``,
     ``--slurm-partition``, ``--gpus-per-run``, ``--time-limit`` (read back by
-    :meth:`Launcher.from_args`)."""
+    :func:`launcher_from_args`)."""
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="where the runs go (submitit): local (this machine, --jobs at a "
                              "time), slurm (one job per run), debug (in this process)")

@@ -175,7 +175,7 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
                                   {"cogs": "smoke"})
     table = report["tasks"]["cogs"]["gen_dev"]
     assert table["baseline"]["mean"] == 50.0 and "diverged" not in table["baseline"]
-    # "last valid": gen_dev's own last validation in its table, dev's beside the in-distribution test
+    # "last valid": gen_dev's own last validation in its table, dev's beside the test
     assert table["baseline"]["valid_last"] == 10.0
     assert report["tasks"]["cogs"]["test"]["baseline"]["valid_last"] == 50.0
     assert table["mhc"] == {"seeds": [], "values": [], "params": None, "diverged": [1]}
