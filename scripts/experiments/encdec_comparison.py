@@ -558,7 +558,7 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                 values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
                 cpu = [results[r.key]["train_cpu_seconds"] for r in row_runs]
                 mean, std = mean_std(values)
-                last_valid = [v for v in (last_validation(results[r.key], label)
+                last_valid = [v for v in (last_validation(results[r.key], label, spec)
                                           for r in row_runs) if v is not None]
                 item = {"seeds": [r.seed for r in row_runs], "values": values,
                         "mean": round(mean, 2), "std": round(std, 2),
@@ -611,10 +611,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
     return out
 
 
-def last_validation(result: dict, label: str) -> Optional[float]:
-    """A run's last validation score (greedy): of the tested subset ``label`` where the run
-    validates it (COGS's gen_dev), else of its validation subset; None without any."""
-    curve = (result.get("curves") or {}).get(label) or result["valid_curve"]
+def last_validation(result: dict, label: str, task: Task) -> Optional[float]:
+    """A run's last validation score (greedy): of the tested subset ``label`` where ``task``
+    validates it (its ``curves``: COGS's gen_dev), else of its validation subset; None where
+    that curve is empty."""
+    curve = ((result.get("curves") or {}).get(label) if label in task.curves
+             else result["valid_curve"])
     return curve[-1][1] if curve else None
 
 
@@ -633,14 +635,15 @@ def bench_ratios(task, recipe, rows: Dict[str, runner.Row], pattern=None
     if bench.get("recipe") != recipe or bench.get("quick"):
         return {}, None, []
     models = bench.get("models", {})
-
-    def same(name):
-        return models.get(name) == [rows[name].arch, model_flags(task, recipe, rows[name])]
-    ratios = {name: r for name, r in bench["ratios_vs_baseline"].items()
-              if name in rows and same(name)}
-    stale = sorted(name for name in bench["ratios_vs_baseline"] if name in rows
-                   and not same(name))
-    return ratios, path, stale
+    ratios, stale = {}, []
+    for name, measured in bench["ratios_vs_baseline"].items():
+        if name not in rows:
+            continue
+        if models.get(name) == [rows[name].arch, model_flags(task, recipe, rows[name])]:
+            ratios[name] = measured
+        else:
+            stale.append(name)
+    return ratios, path, sorted(stale)
 
 
 def curve_deltas(rows, results, curves) -> dict:
