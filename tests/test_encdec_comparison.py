@@ -180,6 +180,16 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
     assert report["tasks"]["cogs"]["test"]["baseline"]["valid_last"] == 50.0
     assert table["mhc"] == {"seeds": [], "values": [], "params": None, "diverged": [1]}
     assert "| mhc (diverged: seed 1) | — |" in comparison.markdown(report)
+    # the CPU the runs spent, the diverged one's too; a run without an account is named
+    for diverged_cpu, hours, unaccounted in ((1800.0, 2.0, 0), (None, 1.5, 1)):
+        results[base.key]["train_cpu_seconds"] = 5400.0
+        results[run.key] = dict(result, train_cpu_seconds=diverged_cpu)
+        report = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run],
+                                      results, {"cogs": "smoke"})
+        assert report["cpu_hours"] == {"cogs": {"runs": 2, "core_hours": hours,
+                                                "unaccounted": unaccounted}}
+    assert ("cogs 1.5 core-hours over 2 runs (1 without an account); 1.5 in all."
+            in comparison.markdown(report))
 
 
 def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_path,

@@ -602,6 +602,13 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                     "diverged"] = [r.seed for r in row_runs]
             entry[label] = table
         out["tasks"][task] = entry
+        # the runs' own CPU accounts summed (diverged ones too: they spent it), the figure the
+        # issue's core-hour budget is measured against
+        spent = [results[run.key].get("train_cpu_seconds") for run in plan
+                 if run.setting == task]
+        out.setdefault("cpu_hours", {})[task] = {
+            "runs": len(spent), "core_hours": round(sum(s for s in spent if s) / 3600, 1),
+            "unaccounted": sum(1 for s in spent if s is None)}
         out.setdefault("curves", {})[task] = curve_deltas(
             rows, results, {"valid": "valid_curve", **{label: ("curves", label)
                                                       for label in spec.curves}})
@@ -778,8 +785,8 @@ def markdown(report) -> str:
                     f"{item.get('memory_growth_ratio', '—')} | {item.get('cpu_ratio', '—')} |")
             if any("per_category" in item for item in table.values()):
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
-                lines += [f"| {row} | {item.get('lexical', '—')} | {item.get('structural', '—')} |"
-                          for row, item in table.items()]
+                lines += [f"| {row} | {item.get('lexical', '—')} | "
+                          f"{item.get('structural', '—')} |" for row, item in table.items()]
                 lines += [""] + category_table(table)
             lines.append("")
     for task, ranking in report.get("against_lm", {}).items():
@@ -796,6 +803,15 @@ def markdown(report) -> str:
             lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {ranking['rank'][row]:g} | "
                          f"{ranking['lm_gain_bits'][row]:+.4f} | {ranking['lm_rank'][row]:g} |")
         lines.append("")
+    spent = report.get("cpu_hours", {})
+    if spent:
+        lines += ["The runs' CPU time so far (training and validation, their processes' "
+                  "accounts; the test generation is not counted): " + "; ".join(
+                      f"{task} {item['core_hours']:g} core-hours over {item['runs']} runs"
+                      + (f" ({item['unaccounted']} without an account)"
+                         if item["unaccounted"] else "")
+                      for task, item in spent.items())
+                  + f"; {sum(item['core_hours'] for item in spent.values()):.1f} in all.", ""]
     for task, curves in report.get("curves", {}).items():
         for label in [k for k in curves if k.endswith("_baseline")]:
             updates, values = curves[label]
