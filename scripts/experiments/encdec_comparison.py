@@ -807,7 +807,8 @@ def markdown(report) -> str:
     if spent:
         lines += ["The runs' CPU time so far (training and validation, their processes' "
                   "accounts; the test generation is not counted): " + "; ".join(
-                      f"{task} {item['core_hours']:g} core-hours over {item['runs']} runs"
+                      f"{task} {item['core_hours']:g} core-hours over {item['runs']} "
+                      f"run{'s' if item['runs'] != 1 else ''}"
                       + (f" ({item['unaccounted']} without an account)"
                          if item["unaccounted"] else "")
                       for task, item in spent.items())
