@@ -197,8 +197,12 @@ def main(argv=None):
         args.validate_every = args.validate_every or 500
     elif args.validate_every is not None:
         p.error("--validate-every needs --recipe linear_decay (inverse_sqrt does not validate)")
-    if args.jobs < 1 or args.beam < 1:
-        p.error("--jobs and --beam must be at least 1")
+    if args.beam < 1:
+        p.error("--beam must be at least 1")
+    try:  # the launcher's flags (--jobs, --launcher slurm's), before anything is created
+        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"))
+    except runner.PlanError as e:
+        p.error(str(e))
     if not os.path.isdir(args.data):
         p.error(f"--data {args.data} is not a directory (prepare it with scripts/prepare/)")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -212,7 +216,6 @@ def main(argv=None):
         "compare_seeds", [runner.Row(arch, arch) for arch in archs], ["data"], seeds,
         args.baseline, layout=lambda setting, row, seed: f"{row}-seed{seed}")
     try:
-        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"))
         comparison.check(build_check(args))
     except runner.PlanError as e:
         p.error(str(e))

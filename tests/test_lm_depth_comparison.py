@@ -36,7 +36,8 @@ def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsy
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--jobs", "0"], "--jobs 0: at least 1 run at a time"),
+    (["--jobs", "0"], "--jobs 0: at least 1"),
+    (["--gpus-per-run", "1"], "--slurm-partition and --gpus-per-run apply to --launcher slurm"),
     (["--save-interval-updates", "-1"], "--save-interval-updates -1: a number of updates"),
     (["--updates", "8", "--warmup-updates", "9"], "--warmup-updates 9: between 1 and --updates"),
     (["--log-interval", "0"], "--log-interval 0: at least 1 update"),

@@ -207,8 +207,10 @@ def check_inputs(args):
         raise InputError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROWS)}")
     if BASELINE not in args.rows:
         raise InputError(f"the rows must include {BASELINE} (every row is compared with it)")
-    if args.jobs < 1:
-        raise InputError(f"--jobs {args.jobs}: at least 1 run at a time")
+    try:  # the launcher's flags, checked where the runs are launched, refused here already
+        runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"), args.threads)
+    except runner.PlanError as e:
+        raise InputError(str(e)) from None
     if args.save_interval_updates < 0:
         raise InputError(f"--save-interval-updates {args.save_interval_updates}: a number of "
                          "updates, or 0 for no checkpoint before the end")
