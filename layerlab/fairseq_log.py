@@ -39,6 +39,21 @@ def last_train_loss(path):
     return None if final is None else float(final["train_loss"])
 
 
+def last_epoch_nll(path, subset="valid"):
+    """{'train': the last end-of-epoch ``train`` record's cross-entropy, 'valid': the last
+    ``subset`` record's}, bits per target token (the ``nll_loss`` the label-smoothed criterion
+    logs beside its loss, else ``loss``); None for a kind the log lacks. The training figure
+    is the epoch's mean with dropout on, as fairseq logs it; the validation's has none: their
+    difference is how much better the model fits what it trained on."""
+    out = {}
+    for kind, tag, prefix in (("train", "train", "train_"), ("valid", subset, f"{subset}_")):
+        record = last_record(path, tag)
+        value = None if record is None else record.get(prefix + "nll_loss",
+                                                        record.get(prefix + "loss"))
+        out[kind] = None if value is None else float(value)
+    return out
+
+
 def read_curves(path, metric="loss", subset="valid"):
     """{'train': [(update, value)], 'valid': [(update, value)]} from one log; ``subset``: the
     validation subset whose records make the 'valid' curve (fairseq tags each subset's records

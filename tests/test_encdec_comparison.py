@@ -3,6 +3,7 @@ the experiment runner, end to end at the tests' scale (the real Multi30k files w
 ../shared/data has them, a COGS-shaped toy set), and its refusals before anything trains."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -53,6 +54,12 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     result = json.loads((tmp_path / "runs" / "multi30k" / "hc_static" / "seed1" /
                          "result.json").read_text())
     assert result["valid_curve"] and result["train_cpu_seconds"] > 0
+    # the last epoch's fit, read from the run's own log, and its table in the report
+    assert 0 < result["last_nll"]["train"] and 0 < result["last_nll"]["valid"]
+    fit = report["fit"]["multi30k"]["hc_static"]
+    assert fit["train"] == round(result["last_nll"]["train"], 3)
+    assert set(report["fit"]["cogs"]) == set(cogs["test"])
+    assert "### multi30k, fit at the last epoch" in (tmp_path / "runs" / "results.md").read_text()
     train = result["recipe"]["train"]
     assert "--hyper-connections" in train and "--encoder-normalize-before" in train
     cogs_train = json.loads((tmp_path / "runs" / "cogs" / "baseline" / "seed1" /
@@ -180,6 +187,18 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
     assert report["tasks"]["cogs"]["test"]["baseline"]["valid_last"] == 50.0
     assert table["mhc"] == {"seeds": [], "values": [], "params": None, "diverged": [1]}
     assert "| mhc (diverged: seed 1) | — |" in comparison.markdown(report)
+    assert report["fit"] == {"cogs": {}}  # a run finished before last_nll was kept: no row
+    # the fit table: a row whose every run has its last epoch's losses, Δ from the baseline's
+    other = runner.Run("cogs", comparison.row_of("dwa"), 1, str(tmp_path / "dwa"))
+    shutil.copytree(base.run_dir, other.run_dir)
+    results[base.key]["last_nll"] = {"train": 2.0, "valid": 2.5}
+    results[other.key] = dict(results[base.key], last_nll={"train": 1.75, "valid": 2.625})
+    fit = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run, other],
+                               results, {"cogs": "smoke"})
+    assert fit["fit"]["cogs"] == {"baseline": {"train": 2.0, "valid": 2.5, "gap": 0.5},
+                                  "dwa": {"train": 1.75, "valid": 2.625, "gap": 0.875}}
+    assert "| dwa | 1.750 | 2.625 | 0.875 | -0.250 | +0.125 |" in comparison.markdown(fit)
+    del results[other.key]
     # the CPU the runs spent, the diverged one's too; a run without an account is named
     for diverged_cpu, hours, unaccounted in ((1800.0, 2.0, 0), (None, 1.5, 1)):
         results[base.key]["train_cpu_seconds"] = 5400.0

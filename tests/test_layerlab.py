@@ -118,6 +118,22 @@ def test_last_train_loss_falls_back_to_the_epoch_record(tmp_path):
     assert fairseq_log.last_train_loss(str(log)) == 2.5  # the truncated line is skipped
 
 
+def test_last_epoch_nll_reads_the_last_epoch_and_validation_of_a_subset(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text('x | train | {"epoch": 1, "train_loss": "5.0", "train_nll_loss": "4.0"}\n'
+                   'x | valid | {"epoch": 1, "valid_loss": "4.5", "valid_nll_loss": "3.5"}\n'
+                   'x | test1 | {"epoch": 1, "test1_loss": "6.0"}\n'
+                   'x | train_inner | {"loss": "1.0", "nll_loss": "0.5"}\n'
+                   'x | train | {"epoch": 2, "train_loss": "3.0", "train_nll_loss": "2.25"}\n'
+                   'x | valid | {"epoch": 2, "valid_loss": "3.5", "valid_nll_loss": "2.75"}\n')
+    # the epoch's record, not the last train_inner window; nll_loss where the criterion logs it
+    assert fairseq_log.last_epoch_nll(str(log)) == {"train": 2.25, "valid": 2.75}
+    # a subset logged without nll_loss (cross_entropy): its loss
+    assert fairseq_log.last_epoch_nll(str(log), "test1") == {"train": 2.25, "valid": 6.0}
+    log.write_text('x | train_inner | {"loss": "1.0"}\n')
+    assert fairseq_log.last_epoch_nll(str(log)) == {"train": None, "valid": None}
+
+
 def test_seed_summaries():
     rows = [{"arch": "a", "seed": s, "em": v, "params": 7, "train_loss_bits": 1.0}
             for s, v in ((1, 50.0), (2, 54.0), (3, 58.0))]

@@ -259,7 +259,7 @@ def run_work(run, recipe, kept=None):
     copied there)."""
     import numpy as np
 
-    from layerlab.fairseq_log import read_curves
+    from layerlab.fairseq_log import last_epoch_nll, read_curves
 
     done = runs.synced_result(run.run_dir, kept, recipe, kept_files)
     if done is not None:
@@ -295,7 +295,8 @@ def run_work(run, recipe, kept=None):
               "curves": {label: read_curves(log, task.metric, subset)["valid"]
                          for label, subset in task.curves.items()},
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
-              "tests": {}, "package_version": runs.package_version()}
+              "last_nll": last_epoch_nll(log), "tests": {},
+              "package_version": runs.package_version()}
     if failure is not None:
         runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
         return runs.synced_result(run.run_dir, kept, recipe, kept_files)
@@ -609,6 +610,7 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         out.setdefault("cpu_hours", {})[task] = {
             "runs": len(spent), "core_hours": round(sum(s for s in spent if s) / 3600, 1),
             "unaccounted": sum(1 for s in spent if s is None)}
+        out.setdefault("fit", {})[task] = fit_table(rows, results)
         out.setdefault("curves", {})[task] = curve_deltas(
             rows, results, {"valid": "valid_curve", **{label: ("curves", label)
                                                       for label in spec.curves}})
@@ -616,6 +618,23 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
+
+
+def fit_table(rows: Dict[str, List[runner.Run]], results) -> Dict[str, dict]:
+    """{row: {'train', 'valid', 'gap'}}: the last epoch's training and validation
+    cross-entropy (bits per target token, means over the row's runs) and their difference, for
+    the rows whose every run recorded them (``last_nll``; runs finished before it was kept
+    have none): a row ahead on training and behind on validation fits its training data more
+    closely than the baseline and generalises less."""
+    table = {}
+    for row, row_runs in rows.items():
+        fits = [results[r.key].get("last_nll") or {} for r in row_runs]
+        if all(f.get("train") is not None and f.get("valid") is not None for f in fits):
+            train = statistics.mean(f["train"] for f in fits)
+            valid = statistics.mean(f["valid"] for f in fits)
+            table[row] = {"train": round(train, 3), "valid": round(valid, 3),
+                          "gap": round(valid - train, 3)}
+    return table
 
 
 def last_validation(result: dict, label: str, task: Task) -> Optional[float]:
@@ -802,6 +821,22 @@ def markdown(report) -> str:
         for row in sorted(ranking["rows"], key=lambda r: ranking["rank"][r]):
             lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {ranking['rank'][row]:g} | "
                          f"{ranking['lm_gain_bits'][row]:+.4f} | {ranking['lm_rank'][row]:g} |")
+        lines.append("")
+    for task, fits in report.get("fit", {}).items():
+        if not fits:
+            continue
+        base = fits.get(BASELINE)
+        lines += [f"### {task}, fit at the last epoch", "",
+                  "Cross-entropy in bits per target token, means over the row's seeds: train "
+                  "is the last epoch's mean with dropout on (as fairseq logs it), valid the "
+                  "last validation's; gap = valid − train; Δ from the baseline's.", "",
+                  "| row | train | valid | gap | Δ train | Δ valid |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for row, fit in fits.items():
+            delta = ([f"{fit[k] - base[k]:+.3f}" for k in ("train", "valid")]
+                     if base and row != BASELINE else ["—", "—"])
+            lines.append(f"| {row} | {fit['train']:.3f} | {fit['valid']:.3f} | "
+                         f"{fit['gap']:.3f} | {delta[0]} | {delta[1]} |")
         lines.append("")
     spent = report.get("cpu_hours", {})
     if spent:
