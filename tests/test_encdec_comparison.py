@@ -59,6 +59,7 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     fit = report["fit"]["multi30k"]["hc_static"]
     assert fit["train"] == round(result["last_nll"]["train"], 3)
     assert set(report["fit"]["cogs"]) == set(cogs["test"])
+    assert report["fit"]["cogs"]["baseline"]["gen_dev"] > 0  # validated beside dev
     assert "### multi30k, fit at the last epoch" in (tmp_path / "runs" / "results.md").read_text()
     train = result["recipe"]["train"]
     assert "--hyper-connections" in train and "--encoder-normalize-before" in train
@@ -191,13 +192,24 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
     # the fit table: a row whose every run has its last epoch's losses, Δ from the baseline's
     other = runner.Run("cogs", comparison.row_of("dwa"), 1, str(tmp_path / "dwa"))
     shutil.copytree(base.run_dir, other.run_dir)
-    results[base.key]["last_nll"] = {"train": 2.0, "valid": 2.5}
-    results[other.key] = dict(results[base.key], last_nll={"train": 1.75, "valid": 2.625})
+    results[base.key]["last_nll"] = {"train": 2.0, "valid": 2.5, "gen_dev": 4.0}
+    results[other.key] = dict(results[base.key],
+                              last_nll={"train": 1.75, "valid": 2.625, "gen_dev": 3.5})
     fit = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run, other],
                                results, {"cogs": "smoke"})
-    assert fit["fit"]["cogs"] == {"baseline": {"train": 2.0, "valid": 2.5, "gap": 0.5},
-                                  "dwa": {"train": 1.75, "valid": 2.625, "gap": 0.875}}
-    assert "| dwa | 1.750 | 2.625 | 0.875 | -0.250 | +0.125 |" in comparison.markdown(fit)
+    assert fit["fit"]["cogs"] == {
+        "baseline": {"train": 2.0, "valid": 2.5, "gen_dev": 4.0, "gap": 0.5},
+        "dwa": {"train": 1.75, "valid": 2.625, "gen_dev": 3.5, "gap": 0.875}}
+    text = comparison.markdown(fit)
+    assert ("| row | train | valid | gap | gen_dev | Δ train | Δ valid | Δ gen_dev |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|\n") in text
+    assert "| dwa | 1.750 | 2.625 | 0.875 | 3.500 | -0.250 | +0.125 | -0.500 |" in text
+    # a row whose runs lack a validated subset still has its train and valid
+    results[other.key]["last_nll"] = {"train": 1.75, "valid": 2.625, "gen_dev": None}
+    fit = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run, other],
+                               results, {"cogs": "smoke"})
+    assert "| dwa | 1.750 | 2.625 | 0.875 | — | -0.250 | +0.125 | — |" in \
+        comparison.markdown(fit)
     del results[other.key]
     # the CPU the runs spent, the diverged one's too; a run without an account is named
     for diverged_cpu, hours, unaccounted in ((1800.0, 2.0, 0), (None, 1.5, 1)):

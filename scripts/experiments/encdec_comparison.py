@@ -259,7 +259,7 @@ def run_work(run, recipe, kept=None):
     copied there)."""
     import numpy as np
 
-    from layerlab.fairseq_log import last_epoch_nll, read_curves
+    from layerlab.fairseq_log import read_curves
 
     done = runs.synced_result(run.run_dir, kept, recipe, kept_files)
     if done is not None:
@@ -295,7 +295,7 @@ def run_work(run, recipe, kept=None):
               "curves": {label: read_curves(log, task.metric, subset)["valid"]
                          for label, subset in task.curves.items()},
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
-              "last_nll": last_epoch_nll(log), "tests": {},
+              "last_nll": last_nll(log, task), "tests": {},
               "package_version": runs.package_version()}
     if failure is not None:
         runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
@@ -620,20 +620,30 @@ def summarise(args, plan, results, names, matched=None) -> dict:
     return out
 
 
+def last_nll(log: str, task: Task) -> Dict[str, Optional[float]]:
+    """A run's last epoch's cross-entropy (bits per target token) from its log: {'train', 'valid',
+    and each test subset the task also validates (its ``curves``: COGS's gen_dev)}."""
+    from layerlab.fairseq_log import last_epoch_nll
+
+    return {**last_epoch_nll(log), **{label: last_epoch_nll(log, subset)["valid"]
+                                      for label, subset in task.curves.items()}}
+
+
 def fit_table(rows: Dict[str, List[runner.Run]], results) -> Dict[str, dict]:
-    """{row: {'train', 'valid', 'gap'}}: the last epoch's training and validation
-    cross-entropy (bits per target token, means over the row's runs) and their difference, for
-    the rows whose every run recorded them (``last_nll``; runs finished before it was kept
-    have none): a row ahead on training and behind on validation fits its training data more
-    closely than the baseline and generalises less."""
+    """{row: {'train', 'valid', 'gap', and each further validated subset}}: the last epoch's
+    training and validation cross-entropy (bits per target token, means over the row's runs),
+    their difference, and the other validated subsets' (COGS's gen_dev), for the rows whose
+    every run recorded them (``last_nll``; runs finished before it was kept have none): a row
+    ahead on training and behind on validation fits its training data more closely than the
+    baseline and generalises less."""
     table = {}
     for row, row_runs in rows.items():
         fits = [results[r.key].get("last_nll") or {} for r in row_runs]
-        if all(f.get("train") is not None and f.get("valid") is not None for f in fits):
-            train = statistics.mean(f["train"] for f in fits)
-            valid = statistics.mean(f["valid"] for f in fits)
-            table[row] = {"train": round(train, 3), "valid": round(valid, 3),
-                          "gap": round(valid - train, 3)}
+        kinds = [k for k in fits[0] if all(f.get(k) is not None for f in fits)]
+        if "train" in kinds and "valid" in kinds:
+            item = {k: round(statistics.mean(f[k] for f in fits), 3) for k in kinds}
+            item["gap"] = round(statistics.mean(f["valid"] - f["train"] for f in fits), 3)
+            table[row] = item
     return table
 
 
@@ -825,18 +835,25 @@ def markdown(report) -> str:
     for task, fits in report.get("fit", {}).items():
         if not fits:
             continue
-        base = fits.get(BASELINE)
+        base = fits.get(BASELINE) or {}
+        # the validated subsets beyond train and valid (COGS's gen_dev), as every row has them
+        extra = [k for k in next(iter(fits.values())) if k not in ("train", "valid", "gap")]
+        columns = ["train", "valid", "gap", *extra]
         lines += [f"### {task}, fit at the last epoch", "",
                   "Cross-entropy in bits per target token, means over the row's seeds: train "
                   "is the last epoch's mean with dropout on (as fairseq logs it), valid the "
-                  "last validation's; gap = valid − train; Δ from the baseline's.", "",
-                  "| row | train | valid | gap | Δ train | Δ valid |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "last validation's" + "".join(f", {k} the last validation of {k}"
+                                                 for k in extra)
+                  + "; gap = valid − train; Δ from the baseline's.", "",
+                  "| row | " + " | ".join(columns) + " | "
+                  + " | ".join(f"Δ {k}" for k in ("train", "valid", *extra)) + " |",
+                  "|---|" + "---:|" * (len(columns) + 2 + len(extra))]
         for row, fit in fits.items():
-            delta = ([f"{fit[k] - base[k]:+.3f}" for k in ("train", "valid")]
-                     if base and row != BASELINE else ["—", "—"])
-            lines.append(f"| {row} | {fit['train']:.3f} | {fit['valid']:.3f} | "
-                         f"{fit['gap']:.3f} | {delta[0]} | {delta[1]} |")
+            delta = [f"{fit[k] - base[k]:+.3f}" if row != BASELINE and k in base and k in fit
+                     else "—" for k in ("train", "valid", *extra)]
+            lines.append(f"| {row} | " + " | ".join(
+                f"{fit[k]:.3f}" if k in fit else "—" for k in columns)
+                + " | " + " | ".join(delta) + " |")
         lines.append("")
     spent = report.get("cpu_hours", {})
     if spent:
