@@ -836,7 +836,8 @@ def markdown(report) -> str:
         if not fits:
             continue
         base = fits.get(BASELINE) or {}
-        # the validated subsets beyond train and valid (COGS's gen_dev), as every row has them
+        # the validated subsets beyond train and valid (COGS's gen_dev), as the first row has
+        # them (a row without one shows —)
         extra = [k for k in next(iter(fits.values())) if k not in ("train", "valid", "gap")]
         columns = ["train", "valid", "gap", *extra]
         lines += [f"### {task}, fit at the last epoch", "",
