@@ -39,17 +39,18 @@ def last_train_loss(path):
     return None if final is None else float(final["train_loss"])
 
 
-def last_epoch_nll(path, subset="valid"):
-    """{'train': the last end-of-epoch ``train`` record's cross-entropy, 'valid': the last
-    ``subset`` record's}, bits per target token (the ``nll_loss`` the label-smoothed criterion
+def last_epoch_nll(path, subsets=None):
+    """{'train': the last end-of-epoch ``train`` record's cross-entropy, and for each
+    ``label: subset`` of ``subsets`` (default ``{'valid': 'valid'}``) the last record's of that
+    validation subset}, bits per target token (the ``nll_loss`` the label-smoothed criterion
     logs beside its loss, else ``loss``); None for a kind the log lacks. The training figure
     is the epoch's mean with dropout on, as fairseq logs it; the validation's has none: their
     difference is how much better the model fits what it trained on."""
     out = {}
-    for kind, tag, prefix in (("train", "train", "train_"), ("valid", subset, f"{subset}_")):
+    for kind, tag in (("train", "train"), *(subsets or {"valid": "valid"}).items()):
         record = last_record(path, tag)
-        value = None if record is None else record.get(prefix + "nll_loss",
-                                                        record.get(prefix + "loss"))
+        value = None if record is None else record.get(f"{tag}_nll_loss",
+                                                        record.get(f"{tag}_loss"))
         out[kind] = None if value is None else float(value)
     return out
 

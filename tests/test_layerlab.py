@@ -129,7 +129,8 @@ def test_last_epoch_nll_reads_the_last_epoch_and_validation_of_a_subset(tmp_path
     # the epoch's record, not the last train_inner window; nll_loss where the criterion logs it
     assert fairseq_log.last_epoch_nll(str(log)) == {"train": 2.25, "valid": 2.75}
     # a subset logged without nll_loss (cross_entropy): its loss
-    assert fairseq_log.last_epoch_nll(str(log), "test1") == {"train": 2.25, "valid": 6.0}
+    assert fairseq_log.last_epoch_nll(str(log), {"valid": "valid", "gen": "test1"}) == {
+        "train": 2.25, "valid": 2.75, "gen": 6.0}
     log.write_text('x | train_inner | {"loss": "1.0"}\n')
     assert fairseq_log.last_epoch_nll(str(log)) == {"train": None, "valid": None}
 

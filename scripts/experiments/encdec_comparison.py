@@ -259,7 +259,7 @@ def run_work(run, recipe, kept=None):
     copied there)."""
     import numpy as np
 
-    from layerlab.fairseq_log import read_curves
+    from layerlab.fairseq_log import last_epoch_nll, read_curves
 
     done = runs.synced_result(run.run_dir, kept, recipe, kept_files)
     if done is not None:
@@ -295,7 +295,9 @@ def run_work(run, recipe, kept=None):
               "curves": {label: read_curves(log, task.metric, subset)["valid"]
                          for label, subset in task.curves.items()},
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
-              "last_nll": last_nll(log, task), "tests": {},
+              # the last epoch's cross-entropy: training, validation and each test subset
+              # validated beside it (COGS's gen_dev)
+              "last_nll": last_epoch_nll(log, {"valid": "valid", **task.curves}), "tests": {},
               "package_version": runs.package_version()}
     if failure is not None:
         runs.save_result(run.run_dir, dict(result, diverged=True, error=failure))
@@ -618,15 +620,6 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
-
-
-def last_nll(log: str, task: Task) -> Dict[str, Optional[float]]:
-    """A run's last epoch's cross-entropy (bits per target token) from its log: {'train', 'valid',
-    and each test subset the task also validates (its ``curves``: COGS's gen_dev)}."""
-    from layerlab.fairseq_log import last_epoch_nll
-
-    return {**last_epoch_nll(log), **{label: last_epoch_nll(log, subset)["valid"]
-                                      for label, subset in task.curves.items()}}
 
 
 def fit_table(rows: Dict[str, List[runner.Run]], results) -> Dict[str, dict]:

@@ -207,10 +207,6 @@ def check_inputs(args):
         raise InputError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROWS)}")
     if BASELINE not in args.rows:
         raise InputError(f"the rows must include {BASELINE} (every row is compared with it)")
-    try:  # the launcher's flags, checked where the runs are launched, refused here already
-        runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"), args.threads)
-    except runner.PlanError as e:
-        raise InputError(str(e)) from None
     if args.save_interval_updates < 0:
         raise InputError(f"--save-interval-updates {args.save_interval_updates}: a number of "
                          "updates, or 0 for no checkpoint before the end")
@@ -1304,8 +1300,11 @@ def main(argv=None):
     args.command = " ".join(["python scripts/experiments/lm_depth_comparison.py",
                              *(sys.argv[1:] if argv is None else map(str, argv))])
     try:
+        # the launcher's flags (its own checks), refused before check_inputs writes anything
+        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"),
+                                             args.threads)
         check_inputs(args)
-    except InputError as e:
+    except (InputError, runner.PlanError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from fairseq.data import Dictionary
@@ -1411,13 +1410,8 @@ def main(argv=None):
             return None if result is None or missing_test_at(args, run.run_dir, result) \
                 else result
         try:
-            launcher = runner.launcher_from_args(
-                args, os.path.join(args.out_dir, "submitit"), args.threads)
             results.update(runner.launch(order, work, (args, recipe_by_run), launcher,
                                          done=done, on_submit=started))
-        except runner.PlanError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         except runner.RunFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
