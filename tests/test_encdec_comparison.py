@@ -113,7 +113,7 @@ def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_row
     """Gains here (higher is better) against the WikiText-2 comparison's (fewer bits is
     better) over the rows both have, under their names there; None below three rows."""
     comparison = load_script("experiments", "encdec_comparison.py")
-    lm = {"depths": {"4": {"lrf": {"vs_baseline": {"difference": -0.03}},
+    lm = {"depths": {"4": {"lrf": {"vs_baseline": {"difference": -0.03}, "seeds": [1, 2, 3]},
                            "mhc": {"vs_baseline": {"difference": -0.01}},
                            "mudd": {"vs_baseline": {"difference": +0.02}},
                            "dwa": {"vs_baseline": {"difference": -0.02}}}}}
@@ -121,7 +121,7 @@ def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_row
     path.write_text(json.dumps(lm))
 
     def table(**gains):
-        return {"baseline": {}, **{row: {"vs_baseline": {"difference": g}}
+        return {"baseline": {}, **{row: {"vs_baseline": {"difference": g}, "seeds": [1, 2]}
                                    for row, g in gains.items()}}
     # the same order (lrf_decoder is the LM's lrf): +1
     same = comparison.ranking_against_lm(table(lrf_decoder=2.0, dwa=1.0, mhc=0.5, mudd=-1.0,
@@ -129,6 +129,13 @@ def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_row
     assert same["spearman"] == 1.0 and same["rows"] == ["lrf_decoder", "dwa", "mhc", "mudd"]
     assert same["rank"]["lrf_decoder"] == 1 and same["lm_rank"]["mudd"] == 4
     assert same["lm_gain_bits"]["lrf_decoder"] == 0.03
+    # how many seeds each side's gain is a mean over, in the table too
+    assert same["seeds"]["mhc"] == 2 and same["lm_seeds"] == {"lrf_decoder": 3, "dwa": 0,
+                                                              "mhc": 0, "mudd": 0}
+    lines = comparison.markdown({"command": "c", "package_version": "v", "date": "d",
+                                 "recipes": {}, "tasks": {},
+                                 "against_lm": {"multi30k": same}}).splitlines()
+    assert "| lrf_decoder | +2.00 | 2 | 1 | +0.0300 | 3 | 1 |" in lines
     reversed_ = comparison.ranking_against_lm(table(lrf_decoder=-2.0, dwa=-1.0, mhc=0.5,
                                                     mudd=1.0), str(path))
     assert reversed_["spearman"] == -1.0

@@ -714,9 +714,10 @@ def curve_deltas(rows, results, curves) -> dict:
 def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
     """The shared rows (LM_ROWS) ranked by their gain over the baseline here (``table``: one
     test subset's rows) and in the WikiText-2 comparison (its difference in test bits at
-    LM_DEPTH blocks, negated: fewer bits is the gain), and Spearman's rank correlation of the
-    two rankings (average ranks for ties; None below three shared rows or without the LM's
-    report)."""
+    LM_DEPTH blocks, negated: fewer bits is the gain), how many seeds each gain is a mean
+    over (the two comparisons finish rows at different times), and Spearman's rank
+    correlation of the two rankings (average ranks for ties; None below three shared rows or
+    without the LM's report)."""
     from scipy.stats import rankdata, spearmanr
 
     if not os.path.exists(lm_report):
@@ -735,6 +736,8 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
             "gain": dict(zip(shared, here)), "lm_gain_bits": dict(zip(shared, there)),
             "rank": dict(zip(shared, map(float, rankdata([-g for g in here])))),
             "lm_rank": dict(zip(shared, map(float, rankdata([-g for g in there])))),
+            "seeds": {row: len(table[row].get("seeds", [])) for row in shared},
+            "lm_seeds": {row: len(lm[LM_ROWS[row]].get("seeds", [])) for row in shared},
             "spearman": round(float(rho), 3)}
 
 
@@ -818,12 +821,17 @@ def markdown(report) -> str:
                   f"The rows both comparisons have, ranked by their gain over the baseline "
                   f"(1: the largest): here on {RANKED[task]}, there in test bits at "
                   f"{ranking['lm_depth']} blocks ({ranking['lm_report']}). Spearman's rank "
-                  f"correlation: {ranking['spearman']:+.2f} over {len(ranking['rows'])} rows.",
-                  "", "| row | gain here | rank | gain there (bits) | rank |",
-                  "|---|---:|---:|---:|---:|"]
+                  f"correlation: {ranking['spearman']:+.2f} over {len(ranking['rows'])} rows. "
+                  f"Seeds: how many seeds each gain is a mean over (the baseline's are those "
+                  f"of its own row).",
+                  "", "| row | gain here | seeds | rank | gain there (bits) | seeds | rank |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        # reports written before the seed counts were kept show — there
+        seeds, lm_seeds = ranking.get("seeds", {}), ranking.get("lm_seeds", {})
         for row in sorted(ranking["rows"], key=lambda r: ranking["rank"][r]):
-            lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {ranking['rank'][row]:g} | "
-                         f"{ranking['lm_gain_bits'][row]:+.4f} | {ranking['lm_rank'][row]:g} |")
+            lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {seeds.get(row, '—')} | "
+                         f"{ranking['rank'][row]:g} | {ranking['lm_gain_bits'][row]:+.4f} | "
+                         f"{lm_seeds.get(row, '—')} | {ranking['lm_rank'][row]:g} |")
         lines.append("")
     for task, fits in report.get("fit", {}).items():
         if not fits:
