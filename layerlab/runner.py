@@ -218,6 +218,8 @@ class Launcher:
             raise PlanError(f"--launcher {self.kind}: one of {', '.join(LAUNCHERS)}")
         if self.jobs < 1:
             raise PlanError(f"--jobs {self.jobs}: at least 1")
+        if self.cpus is not None and self.cpus < 1:
+            raise PlanError(f"--threads {self.cpus}: at least 1")
         if self.kind != "slurm" and (self.partition or self.gpus):
             raise PlanError("--slurm-partition and --gpus-per-run apply to --launcher slurm")
 
@@ -248,7 +250,7 @@ class Launcher:
 
 def add_launcher_arguments(parser) -> None:
     """The launcher's flags, one set for every comparison script: ``--launcher``, ``--jobs``,
-    ``--slurm-partition``, ``--gpus-per-run``, ``--time-limit`` (read back by
+    ``--threads``, ``--slurm-partition``, ``--gpus-per-run``, ``--time-limit`` (read back by
     :func:`launcher_from_args`)."""
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="where the runs go (submitit): local (this machine, --jobs at a "
@@ -256,6 +258,9 @@ def add_launcher_arguments(parser) -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at a time (local: on this machine; slurm: the job array's "
                              "parallelism)")
+    parser.add_argument("--threads", type=int,
+                        help="threads of each run (Slurm: its CPUs); default: the script's "
+                             "(the comparisons: the machine's cores / --jobs)")
     parser.add_argument("--slurm-partition", help="--launcher slurm: the partition")
     parser.add_argument("--gpus-per-run", type=int, default=0,
                         help="--launcher slurm: GPUs per run")
@@ -264,9 +269,16 @@ def add_launcher_arguments(parser) -> None:
 
 def launcher_from_args(args, folder: str, cpus: Optional[int] = None) -> Launcher:
     """The :class:`Launcher` of the flags :func:`add_launcher_arguments` added, with submitit's
-    ``folder`` and ``cpus`` threads per run (raises :class:`PlanError` for impossible ones)."""
+    ``folder``, and ``--threads`` per run, or the script's default ``cpus`` where it is not
+    given (raises :class:`PlanError` for impossible ones)."""
     return Launcher(args.launcher, args.jobs, folder, args.slurm_partition, args.gpus_per_run,
-                    args.time_limit, cpus)
+                    args.time_limit, cpus if args.threads is None else args.threads)
+
+
+def shared_cores(jobs: int) -> int:
+    """The machine's cores shared by ``jobs`` runs at a time: each run's threads (at least
+    one), the comparisons' default ``--threads``."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
 class RunFailed(RuntimeError):

@@ -11,7 +11,8 @@ two optimisation recipes (``layerlab.recipes``): ``--recipe inverse_sqrt`` (defa
 inverse-sqrt schedule, no validation, the last checkpoint) or ``--recipe linear_decay`` (the
 quickstart's: Adam, learning rate decayed linearly to 0 at ``--max-update``, greedy validation
 exact match every ``--validate-every`` updates, the best checkpoint), dropout 0 unless
-``--train-args`` says otherwise. ``--jobs N`` trains N runs at a time with one CPU thread each.
+``--train-args`` says otherwise. ``--jobs N`` trains N runs at a time with one CPU thread each
+(``--threads`` sets another count; with one job, torch's default unless given).
 Finished runs (a ``result.json`` in their directory, with the flags they were made with) are
 not repeated when the command is run again; a finished run made with other flags is an error,
 not a reused number. The runs go through the experiment runner (``layerlab.runner``, submitit):
@@ -149,7 +150,8 @@ def markdown(summary, args):
                   "(layerlab/significance.py); \"beyond noise\": the interval excludes 0. "
                   "Training time: mean seconds per run over the baseline's, on this machine as "
                   "it was (not a benchmark; scripts/bench/ measures speed)"
-                  + (f", {args.jobs} runs at a time with one thread each." if args.jobs > 1
+                  + (f", {args.jobs} runs at a time with {args.threads or 1} thread(s) each."
+                     if args.jobs > 1 else f", {args.threads} thread(s)." if args.threads
                      else ".")]
     return "\n".join(lines)
 
@@ -173,7 +175,7 @@ def main(argv=None):
     p.add_argument("--validate-every", type=int,
                    help="--recipe linear_decay: updates between validations (default 500)")
     p.add_argument("--beam", type=int, default=5, help="fairseq-generate --beam (1: greedy)")
-    runner.add_launcher_arguments(p)  # --jobs above 1: one CPU thread each
+    runner.add_launcher_arguments(p)  # --jobs above 1: one CPU thread each unless --threads
     p.add_argument("--max-len-a", type=float, default=1.2,
                    help="fairseq-generate --max-len-a (SCAN: 0, its outputs are up to 48 tokens)")
     p.add_argument("--max-len-b", type=int, default=10, help="fairseq-generate --max-len-b "

@@ -261,6 +261,7 @@ def test_compare_seeds_linear_decay_recipe_in_parallel(scan_bin, tmp_path):
     (["--recipe", "linear_decay", "--metric", "bleu"], "needs --metric exact_match"),
     (["--validate-every", "100"], "--validate-every needs --recipe linear_decay"),
     (["--jobs", "0"], "--jobs 0: at least 1"),
+    (["--threads", "0"], "--threads 0: at least 1"),
     (["--beam", "0"], "--beam must be at least 1"),
     (["--gpus-per-run", "1"], "--gpus-per-run apply to --launcher slurm"),
 ])

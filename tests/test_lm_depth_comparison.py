@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+from typing import List
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ def test_unknown_rows_are_refused_before_anything_trains(lm_bin, tmp_path, capsy
 
 @pytest.mark.parametrize("flags,message", [
     (["--jobs", "0"], "--jobs 0: at least 1"),
+    (["--threads", "0"], "--threads 0: at least 1"),
     (["--gpus-per-run", "1"], "--slurm-partition and --gpus-per-run apply to --launcher slurm"),
     (["--save-interval-updates", "-1"], "--save-interval-updates -1: a number of updates"),
     (["--updates", "8", "--warmup-updates", "9"], "--warmup-updates 9: between 1 and --updates"),
@@ -938,6 +940,30 @@ esac
 """
 
 
+def run_long_script(tmp_path, **env) -> List[str]:
+    """scripts/experiments/lm_depth_long.sh run in a copy of the repository under ``tmp_path``
+    with FAKE_PYTHON for python and ``env`` added (one kept run: d4/dwa/seed1/result.json) ->
+    its calls of lm_depth_comparison.py, one line of arguments each."""
+    root = tmp_path / "repo"
+    (root / "scripts" / "experiments").mkdir(parents=True)
+    shutil.copy(paths.script("experiments", "lm_depth_long.sh"), root / "scripts" / "experiments")
+    kept = root / "results" / "lm_depth_runs_8k" / "d4" / "dwa" / "seed1"
+    kept.mkdir(parents=True)
+    (kept / "result.json").write_text("{}")
+    os.utime(kept / "result.json", (1e9, 1e9))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
+           "OUT": str(tmp_path / "out"), "KEEPS_TIME": "2020-01-01", **env}
+    proc = subprocess.run(["bash", str(root / "scripts" / "experiments" / "lm_depth_long.sh")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [c for c in log.read_text().splitlines() if "lm_depth_comparison.py" in c]
+
+
 @pytest.mark.parametrize("keeps_in,keeps,reports", [
     # a restart passing over finished stages: the last stage's report alone
     (None, None, ["final"]),
@@ -953,25 +979,10 @@ def test_the_long_script_reports_between_stages_only_what_is_new(tmp_path, keeps
     """A restart of the long script must not rewrite the committed report for nothing (it would
     change its header alone): a stage that kept no new or changed file writes no report."""
     root = tmp_path / "repo"
-    (root / "scripts" / "experiments").mkdir(parents=True)
-    shutil.copy(paths.script("experiments", "lm_depth_long.sh"), root / "scripts" / "experiments")
-    kept = root / "results" / "lm_depth_runs_8k" / "d4" / "dwa" / "seed1"
-    kept.mkdir(parents=True)
-    (kept / "result.json").write_text("{}")
-    os.utime(kept / "result.json", (1e9, 1e9))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(FAKE_PYTHON)
-    (bin_dir / "python").chmod(0o755)
-    log = tmp_path / "calls.log"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
-           "OUT": str(tmp_path / "out"), "KEEPS_TIME": "2020-01-01"}
+    env = {}
     if keeps_in:
         env.update(KEEPS_IN=keeps_in, KEEPS=str(root / "results" / "lm_depth_runs_8k" / keeps))
-    proc = subprocess.run(["bash", str(root / "scripts" / "experiments" / "lm_depth_long.sh")],
-                          env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    calls = [c for c in log.read_text().splitlines() if "lm_depth_comparison.py" in c]
+    calls = run_long_script(tmp_path, **env)
     stage = {"--depths 4,8,12 --seeds 1 ": "stage 1", "--depths 4 --seeds 1 ": "stage 2",
              "--depths 4,8 --seeds 1,2,3 ": "stage 3"}
     seen, last = [], None
@@ -981,3 +992,12 @@ def test_the_long_script_reports_between_stages_only_what_is_new(tmp_path, keeps
         else:
             last = next(name for flags, name in stage.items() if flags in call)
     assert seen == reports
+
+
+def test_the_long_script_passes_jobs_and_threads_to_every_comparison(tmp_path):
+    """JOBS=1 THREADS=1 (one core of two, the other training another comparison) reach every
+    call, the report's too; without THREADS the comparison's default (cores / --jobs)."""
+    calls = run_long_script(tmp_path / "one", JOBS="1", THREADS="1")
+    assert len(calls) == 4 and all("--jobs 1 --threads 1 " in c for c in calls)
+    calls = run_long_script(tmp_path / "default")
+    assert len(calls) == 4 and all("--jobs 2 " in c and "--threads" not in c for c in calls)

@@ -411,9 +411,7 @@ def main(argv=None):
                    default={}, help="TASK=DIR: another data folder of that task")
     p.add_argument("--out-dir", default=os.path.expanduser("~/layerlab-runs/encdec"),
                    help="the runs' folders (<task>/<row>/seed<N>) and the report")
-    runner.add_launcher_arguments(p)
-    p.add_argument("--threads", type=int,
-                   help="threads of each run (default: the machine's cores / --jobs)")
+    runner.add_launcher_arguments(p)  # --threads: default the machine's cores / --jobs
     p.add_argument("--results-name", help="also copy the report to results/NAME.{json,md}")
     p.add_argument("--keep-runs", help="a folder (committed) each finished run's result and "
                                        "test statistics are copied to; a run kept there is "
@@ -425,7 +423,8 @@ def main(argv=None):
                    help="no wider-FFN baseline for the rows with more than 2%% extra parameters")
     args = p.parse_args(argv)
     try:
-        threads = run_threads(args)
+        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"),
+                                             runner.shared_cores(args.jobs))
         chosen = choose(args)
         # a recipe not chosen yet is tried on the baseline alone (the tests' scale runs all)
         only = {row: tuple(t for t in args.tasks if runs_in(t, chosen[t][0], row))
@@ -433,8 +432,6 @@ def main(argv=None):
         comparison = runner.Comparison(
             "encdec", [row_of(row) for row in args.rows], args.tasks,
             args.seeds, BASELINE if BASELINE in args.rows else args.rows[0], only=only)
-        launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"),
-                                             threads)
         comparison.check(lambda row, task: build_model(task, chosen[task][0], row,
                                                        chosen[task][1]))
         matched = {} if args.no_matched_baselines else add_matched_baselines(comparison,
@@ -489,14 +486,6 @@ def main(argv=None):
     write_report(args, report)
     lock.close()
     return 0
-
-
-def run_threads(args) -> int:
-    """Each run's threads: ``--threads``, or the machine's cores shared by the ``--jobs``
-    runs."""
-    if args.threads is not None and args.threads < 1:
-        raise runner.PlanError(f"--threads {args.threads}: at least 1")
-    return args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
 
 
 def add_matched_baselines(comparison, chosen) -> Dict[str, Dict[str, str]]:

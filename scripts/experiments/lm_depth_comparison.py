@@ -34,7 +34,7 @@ depths are its settings; plan, matched baselines, submitit's launchers): ``--lau
 Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
-threads (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
+threads unless ``--threads`` says otherwise (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
 d = 128 model does not keep two threads busy); a second instance training into the same
 ``--out-dir`` or keeping into the same ``--keep-runs`` is refused (it would train the same runs,
 its threads sized for the machine alone). Bad input (an unknown row, a missing data folder,
@@ -1280,7 +1280,7 @@ def main(argv=None):
     p.add_argument("--save-interval-updates", type=int, default=100,
                    help="a checkpoint every N updates, from which an interrupted run continues "
                         "(0: none; not part of the recipe: it does not change the run)")
-    runner.add_launcher_arguments(p)  # each run gets the cores / --jobs threads
+    runner.add_launcher_arguments(p)  # --threads: default the machine's cores / --jobs
     p.add_argument("--keep-runs", metavar="DIR",
                    help="also keep every finished run's result, test-block scores and (first "
                         "seed) layer analysis in DIR, and take finished runs from there: a "
@@ -1296,13 +1296,13 @@ def main(argv=None):
                    help="train nothing: the tables of the runs finished so far (each row over "
                         "the seeds it has)")
     args = p.parse_args(argv)
-    args.threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))  # per run
     args.command = " ".join(["python scripts/experiments/lm_depth_comparison.py",
                              *(sys.argv[1:] if argv is None else map(str, argv))])
     try:
         # the launcher's flags (its own checks), refused before check_inputs writes anything
         launcher = runner.launcher_from_args(args, os.path.join(args.out_dir, "submitit"),
-                                             args.threads)
+                                             runner.shared_cores(args.jobs))
+        args.threads = launcher.cpus  # per run
         check_inputs(args)
     except (InputError, runner.PlanError) as e:
         print(f"error: {e}", file=sys.stderr)

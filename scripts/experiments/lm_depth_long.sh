@@ -18,7 +18,9 @@
 # comparison's budget, within the same runs; a run finished without it trains its first 800
 # updates again, checked against its curve), so that the report compares the two budgets at
 # 8 blocks too, where the 800-update comparison has no table.
-#   [OUT=DIR] [DEEP=8|12] [ROWS=a,b] [JOBS=2] [WIKITEXT_FROM=DIR] bash scripts/experiments/lm_depth_long.sh
+#   [OUT=DIR] [DEEP=8|12] [ROWS=a,b] [JOBS=2] [THREADS=N] [WIKITEXT_FROM=DIR] bash scripts/experiments/lm_depth_long.sh
+# THREADS: each run's threads (default the machine's cores / JOBS); JOBS=1 THREADS=1 leaves the
+# other core of two to another comparison.
 #   bash scripts/experiments/lm_depth_long.sh report    # that report alone, training nothing
 # OUT (scratch: checkpoints, logs) defaults to ~/layerlab-runs/lm-depth-8k, outside the work
 # tree, so that a new checkout on the same machine continues the unfinished runs.
@@ -35,7 +37,7 @@ main() {
     compare() {
         python scripts/experiments/lm_depth_comparison.py --data data-bin/wikitext-2 \
             --out-dir "$OUT" --keep-runs "$KEEP" --updates 8000 --warmup-updates 100 --log-interval 40 \
-            --curve-interval 800 --jobs "${JOBS:-2}" "$@"
+            --curve-interval 800 --jobs "${JOBS:-2}" ${THREADS:+--threads "$THREADS"} "$@"
     }
     report() {
         compare --rows "$ROWS" --depths 4,8,12 --seeds 1,2,3 --report-only \
