@@ -34,10 +34,10 @@ depths are its settings; plan, matched baselines, submitit's launchers): ``--lau
 Runs go seed by seed within a depth (every row at seed 1, then at seed 2, ...), and
 ``--report-only`` writes the tables of the runs finished so far (each row over the seeds it has)
 without training anything. ``--jobs N`` trains N runs at once, each with the machine's cores / N
-threads unless ``--threads`` says otherwise (on 2 cores two 1-thread runs do ~13% more updates per second than one 2-thread run: a
-d = 128 model does not keep two threads busy); a second instance training into the same
-``--out-dir`` or keeping into the same ``--keep-runs`` is refused (it would train the same runs,
-its threads sized for the machine alone). Bad input (an unknown row, a missing data folder,
+threads unless ``--threads`` says otherwise (on 2 cores two 1-thread runs do ~13% more updates
+per second than one 2-thread run: a d = 128 model does not keep two threads busy); a second
+instance training into the same ``--out-dir`` or keeping into the same ``--keep-runs`` is
+refused (it would train the same runs, its threads sized for the machine alone). Bad input (an unknown row, a missing data folder,
 a data folder whose dictionary differs from the one the output or kept runs' folder was started
 with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
