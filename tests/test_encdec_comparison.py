@@ -384,25 +384,6 @@ def test_a_second_instance_into_the_same_folder_is_refused(tmp_path):
     assert not (tmp_path / "runs" / "cogs").exists()
 
 
-def test_each_local_run_gets_its_share_of_the_cores():
-    """The comparisons' default threads per run: the machine's cores / --jobs, at least one;
-    --threads overrides it (the runner's flag, read back by launcher_from_args)."""
-    import argparse
-
-    from layerlab import runner
-
-    cores = os.cpu_count() or 1
-    assert runner.shared_cores(1) == cores
-    assert runner.shared_cores(cores) == 1 and runner.shared_cores(4 * cores) == 1
-    p = argparse.ArgumentParser()
-    runner.add_launcher_arguments(p)
-
-    def cpus(*argv):
-        return runner.launcher_from_args(p.parse_args(argv), "f", runner.shared_cores(2)).cpus
-    assert cpus() == max(1, cores // 2)
-    assert cpus("--threads", "3") == 3 and cpus("--jobs", "2", "--threads", "1") == 1
-
-
 def test_a_data_folder_of_another_task_is_refused(tmp_path):
     (tmp_path / "m30k").mkdir()
     for lang in ("de", "en"):

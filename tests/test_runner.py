@@ -232,3 +232,16 @@ def test_the_launcher_flags_give_the_launcher_they_name(tmp_path):
         runner.launcher_from_args(parser.parse_args(["--gpus-per-run", "1"]), "f")
     with pytest.raises(SystemExit):  # argparse's own refusal of an unknown launcher
         parser.parse_args(["--launcher", "cloud"])
+    # --threads overrides the script's default threads per run (the comparisons': the machine's
+    # cores / --jobs, at least one)
+    cores = os.cpu_count() or 1
+    assert runner.shared_cores(1) == cores
+    assert runner.shared_cores(cores) == 1 and runner.shared_cores(4 * cores) == 1
+
+    def cpus(*argv):
+        return runner.launcher_from_args(parser.parse_args(argv), "f",
+                                         runner.shared_cores(2)).cpus
+    assert cpus() == max(1, cores // 2)
+    assert cpus("--threads", "3") == 3 and cpus("--jobs", "2", "--threads", "1") == 1
+    with pytest.raises(PlanError, match="--threads 0: at least 1"):
+        cpus("--threads", "0")

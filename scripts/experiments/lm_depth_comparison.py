@@ -37,9 +37,9 @@ without training anything. ``--jobs N`` trains N runs at once, each with the mac
 threads unless ``--threads`` says otherwise (on 2 cores two 1-thread runs do ~13% more updates
 per second than one 2-thread run: a d = 128 model does not keep two threads busy); a second
 instance training into the same ``--out-dir`` or keeping into the same ``--keep-runs`` is
-refused (it would train the same runs, its threads sized for the machine alone). Bad input (an unknown row, a missing data folder,
-a data folder whose dictionary differs from the one the output or kept runs' folder was started
-with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
+refused (it would train the same runs, its threads sized for the machine alone). Bad input (an
+unknown row, a missing data folder, a data folder whose dictionary differs from the one the
+output or kept runs' folder was started with) stops with one line before anything trains. Writes ``results.{json,md}`` into ``--out-dir``;
 ``--results-name NAME`` also copies them to ``results/NAME.{json,md}``.
 
 Data: ``python scripts/prepare/lm.py --dataset wikitext-2 --from ../shared/data/wikitext-2``
