@@ -332,6 +332,51 @@ def machine():
     return f"{name}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
+# the machines (machine()) a run's processes trained on, in order of first use; null first for
+# a run begun before they were kept. Runs of one comparison may train on different CPUs (a
+# session's machine is not always the last one's), whose kernels sum in other orders and run
+# at other speeds
+MACHINES = "machines.json"
+
+
+def record_machine(run_dir, resumed) -> list:
+    """Add this machine to the run's record (``machines.json`` in ``run_dir``) unless it is
+    there already, and return the record. ``resumed``: the run continues a process of the
+    same recipe; a resumed run without the file began before the record was kept, which the
+    record's leading null says (its first processes' machine is unknown). A new run starts
+    a new record."""
+    path = os.path.join(run_dir, MACHINES)
+    recorded = read_json(path) if resumed else None
+    machines = recorded if recorded is not None else ([None] if resumed else [])
+    here = machine()
+    if here not in machines:
+        machines.append(here)
+        write_json(path, machines)
+    return machines
+
+
+def machines_used(results):
+    """How many of the finished runs trained on each machine (``machine()``: the CPU, the
+    instruction set of PyTorch's kernels, the PyTorch version), as their ``machines`` record
+    says; a run of several machines (resumed elsewhere: ``'a then b'``) and a run without the
+    record (older: ``'not recorded'``) are counted as such. ``results``: an iterable of
+    result dicts. -> ({machine: runs}, markdown line, the most runs first)."""
+    counts = {}
+    for r in results:
+        key = " then ".join(m or "not recorded" for m in r.get("machines") or [None])
+        counts[key] = counts.get(key, 0) + 1
+    text = ("Machines (the CPU, the instruction set PyTorch's kernels use, PyTorch; another "
+            "machine sums in another order, so its runs differ in the last bits, not in recipe): "
+            + machine_counts(counts) + ".")
+    return counts, text
+
+
+def machine_counts(counts) -> str:
+    """``machines_used``'s counts as text, the most runs first: 'a: 2 runs; b: 1 run'."""
+    return "; ".join(f"{m}: {n} run{'s' * (n != 1)}"
+                     for m, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
+
+
 def package_version():
     """The package version and, in a git checkout, the commit (with '+dirty' for local edits)."""
     import fairseq_plugins

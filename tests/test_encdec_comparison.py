@@ -11,6 +11,7 @@ import pytest
 from conftest import cli_env
 from helpers import SCRIPTS, SHARED_DATA, cogs_like
 
+from layerlab import runs
 from layerlab.paths import load_script
 
 SCRIPT = os.path.join(SCRIPTS, "experiments", "encdec_comparison.py")
@@ -54,6 +55,7 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     result = json.loads((tmp_path / "runs" / "multi30k" / "hc_static" / "seed1" /
                          "result.json").read_text())
     assert result["valid_curve"] and result["train_cpu_seconds"] > 0
+    assert result["machines"] == [runs.machine()]  # the machine it trained on
     # the last epoch's fit, read from the run's own log, and its table in the report
     assert 0 < result["last_nll"]["train"] and 0 < result["last_nll"]["valid"]
     fit = report["fit"]["multi30k"]["hc_static"]
@@ -225,9 +227,43 @@ def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):
         report = comparison.summarise(argparse.Namespace(tasks=["cogs"]), [base, run],
                                       results, {"cogs": "smoke"})
         assert report["cpu_hours"] == {"cogs": {"runs": 2, "core_hours": hours,
-                                                "unaccounted": unaccounted}}
+                                                "unaccounted": unaccounted,
+                                                # the diverged run trained here
+                                                "machines": {"not recorded": 1,
+                                                             runs.machine(): 1}}}
     assert ("cogs 1.5 core-hours over 2 runs (1 without an account); 1.5 in all."
             in comparison.markdown(report))
+    assert "cogs's runs by machine (the CPU, the instruction set PyTorch's kernels use, " \
+        f"PyTorch): {runs.machine()}: 1 run; not recorded: 1 run." in comparison.markdown(report)
+
+
+def test_a_rows_cpu_time_is_compared_with_the_baselines_of_its_seed_on_its_machine():
+    """A run's CPU time is its machine's: the ratio pairs each seed with the baseline's run of
+    that seed, only where both trained on one and the same machine (the runs before the record
+    was kept count as one machine); the column names the seeds where they are fewer."""
+    comparison = load_script("experiments", "encdec_comparison.py")
+    fast, slow = "AMD EPYC, AVX512, torch 2.13.0", "AMD EPYC, AVX2, torch 2.13.0"
+
+    def run(cpu, *machines):
+        return {"train_cpu_seconds": cpu, **({"machines": list(machines)} if machines else {})}
+    base = {1: run(100.0), 2: run(200.0, slow), 3: run(100.0, fast)}
+    ratios = comparison.cpu_ratios
+    assert ratios({1: run(110.0), 2: run(300.0, slow), 3: run(120.0, fast)}, base) == {
+        1: 1.1, 2: 1.5, 3: 1.2}
+    # on another machine than its baseline's, resumed on a second one, begun before the
+    # record and resumed on a recorded one, or without a complete account: no ratio
+    assert ratios({1: run(150.0, slow), 2: run(300.0, fast, slow), 3: run(120.0, None, fast)},
+                  base) == {}
+    assert ratios({1: run(None), 2: run(300.0, slow)}, {**base, 2: run(None, slow)}) == {}
+    assert ratios({2: run(300.0, slow)}, {1: run(100.0)}) == {}  # no baseline of its seed
+    assert comparison.machine_of(run(1.0)) == comparison.UNRECORDED_MACHINE
+    # the column: the mean ratio, with its seeds where it has fewer than the row
+    assert comparison.cpu_cell({"seeds": [1, 2, 3], "cpu_ratio": 1.27}) == "1.27"
+    assert comparison.cpu_cell({"seeds": [1, 2, 3], "cpu_ratio": 1.2,
+                                "cpu_ratio_seeds": [2]}) == "1.2 (seed 2)"
+    assert comparison.cpu_cell({"seeds": [1, 2, 3], "cpu_ratio": 1.2,
+                                "cpu_ratio_seeds": [1, 3]}) == "1.2 (seeds 1,3)"
+    assert comparison.cpu_cell({"seeds": [1]}) == "—"
 
 
 def test_the_tables_take_time_and_memory_from_the_bench_of_the_same_recipe(tmp_path,
@@ -366,8 +402,6 @@ def test_bad_declarations_are_one_line_before_anything_trains(tmp_path, args, me
 def test_a_second_instance_into_the_same_folder_is_refused(tmp_path):
     """Two instances into one --out-dir would train the same runs, each with threads sized for
     the machine alone: the second stops in one line while the first holds the folder."""
-    from layerlab import runs
-
     cogs_like(tmp_path)
     (tmp_path / "runs").mkdir()
     held = runs.exclusive_lock(str(tmp_path / "runs" / ".lock"))

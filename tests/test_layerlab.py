@@ -84,6 +84,37 @@ def test_results_resume_only_when_finished(tmp_path):
         runs.load_result(run_dir, {"lr": 0.001})
 
 
+def test_the_machines_runs_trained_on_are_counted_as_recorded():
+    a, b = "AMD EPYC, AVX2, torch 2.13.0", "Intel Xeon, AVX512, torch 2.13.0"
+    results = [{}, {"machines": [a]}, {"machines": [a]}, {"machines": [b]},
+               {"machines": [None, a]}, {"machines": [b, a]}]
+    counts, text = runs.machines_used(results)
+    assert counts == {"not recorded": 1, a: 2, b: 1, f"not recorded then {a}": 1,
+                      f"{b} then {a}": 1}
+    assert text.endswith(f": {a}: 2 runs; {b}: 1 run; {b} then {a}: 1 run; not recorded: 1 "
+                         f"run; not recorded then {a}: 1 run.")
+    # the record of this machine names its CPU and the kernels' instruction set
+    import torch
+    here = runs.machine()
+    assert here.count(", ") >= 2 and here.endswith(f"torch {torch.__version__}")
+
+
+def test_a_run_records_each_machine_it_trains_on_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "machine", lambda: "A")
+    record = tmp_path / runs.MACHINES
+    assert runs.record_machine(str(tmp_path), resumed=False) == ["A"]
+    assert runs.record_machine(str(tmp_path), resumed=True) == ["A"]  # the same machine again
+    monkeypatch.setattr(runs, "machine", lambda: "B")
+    assert runs.record_machine(str(tmp_path), resumed=True) == ["A", "B"]
+    assert json.loads(record.read_text()) == ["A", "B"]
+    # a new run (not resumed) starts a new record
+    assert runs.record_machine(str(tmp_path), resumed=False) == ["B"]
+    # a run resumed without the file began before the record was kept: its first machine is
+    # unknown
+    record.unlink()
+    assert runs.record_machine(str(tmp_path), resumed=True) == [None, "B"]
+
+
 def test_in_parallel_yields_every_task_and_stops_at_a_failed_step():
     def square(x):
         return x * x

@@ -461,22 +461,6 @@ def test_the_amax_gain_is_kept_at_every_logged_update_and_its_peak_reported(tmp_
     assert comparison.training_log(str(log)) == ([9.0, 8.0], {}, None)
 
 
-def test_the_machines_runs_trained_on_are_counted_as_recorded():
-    a, b = "AMD EPYC, AVX2, torch 2.13.0", "Intel Xeon, AVX512, torch 2.13.0"
-    results = {(4, "baseline", 1): {}, (4, "baseline", 2): {"machines": [a]},
-               (4, "mhc", 1): {"machines": [a]}, (4, "mhc", 2): {"machines": [b]},
-               (8, "baseline", 1): {"machines": [None, a]},
-               (8, "mhc", 1): {"machines": [b, a]}}
-    counts, text = comparison.machines_used(results)
-    assert counts == {"not recorded": 1, a: 2, b: 1, f"not recorded then {a}": 1,
-                      f"{b} then {a}": 1}
-    assert text.endswith(f": {a}: 2 runs; {b}: 1 run; {b} then {a}: 1 run; not recorded: 1 "
-                         f"run; not recorded then {a}: 1 run.")
-    # the record of this machine names its CPU and the kernels' instruction set
-    here = comparison.runs.machine()
-    assert here.count(", ") >= 2 and here.endswith(f"torch {torch.__version__}")
-
-
 def test_how_a_difference_moves_between_budgets():
     def test(diff, low, high, seeds=3):
         return {"difference": diff, "low": low, "high": high,

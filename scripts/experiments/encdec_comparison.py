@@ -202,6 +202,11 @@ TEST_RECIPE = "smoke"  # runs every row (the tests' scale is no recipe to choose
 # fewer a bootstrap over seeds sees too little of their spread)
 VERDICT_SEEDS = 3
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
+# the machine of the runs that finished before each run's machine was recorded (from
+# 2026-12-06): all of them trained on one machine, in the sessions of 2026-12-05, every restart
+# resuming their checkpoints there; their CPU times compare with each other, not with a
+# recorded run's
+UNRECORDED_MACHINE = "not recorded (the first runs' one machine)"
 # the rows shared with the WikiText-2 comparison (its 8,000-update report, at 4 blocks, where
 # every one of its rows has three seeds), by their names there: the language model's LRF row
 # fuses in its decoder, as lrf_decoder does here. Ranked against it on each task's test
@@ -267,9 +272,13 @@ def run_work(run, recipe, kept=None):
     task = TASKS[run.setting]
     data = recipe["data"]
     started = os.path.join(run.run_dir, "started.json")
-    if not (os.path.exists(started) and runs.read_json(started) == recipe):
+    resumed = os.path.exists(started) and runs.read_json(started) == recipe
+    if not resumed:
         runs.fresh_run_dir(run.run_dir)
         runs.write_json(started, recipe)
+    # the CPU time is the machine's: a ratio to the baseline's means something only where both
+    # ran on the same one
+    machines = runs.record_machine(run.run_dir, resumed)
     cpu_file = os.path.join(run.run_dir, "cpu_seconds.json")
     spent = runs.read_json(cpu_file) if os.path.exists(cpu_file) else []
     spent.append(None)  # this process's, until it ends (None: killed, its time unknown)
@@ -295,6 +304,7 @@ def run_work(run, recipe, kept=None):
               "curves": {label: read_curves(log, task.metric, subset)["valid"]
                          for label, subset in task.curves.items()},
               "train_cpu_seconds": None if None in spent else round(sum(spent), 1),
+              "machines": machines,
               # the last epoch's cross-entropy: training, validation and each test subset
               # validated beside it (COGS's gen_dev)
               "last_nll": last_epoch_nll(log, {"valid": "valid", **task.curves}), "tests": {},
@@ -513,8 +523,9 @@ def _tests(metric, own, own_seeds, other, other_seeds, prefix):
 
 def summarise(args, plan, results, names, matched=None) -> dict:
     """Per task and test subset: each row's mean, seeds, difference to the baseline (both
-    tests) and to its matched baseline where it has one, parameters and CPU time ratio;
-    COGS's categories. ``matched``: {task: {row: its matched baseline}}."""
+    tests) and to its matched baseline where it has one, parameters and CPU time ratio
+    (seed-paired, on one machine: ``cpu_ratios``); COGS's categories. ``matched``: {task:
+    {row: its matched baseline}}."""
     import numpy as np
 
     out = {"date": datetime.date.today().isoformat(), "recipes": names,
@@ -543,12 +554,11 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                            for r in row_runs] for row, row_runs in rows.items()}
             table = {}
             base = stats.get(BASELINE)
-            base_cpu = [results[r.key]["train_cpu_seconds"] for r in rows.get(BASELINE, [])]
+            base_runs = {r.seed: results[r.key] for r in rows.get(BASELINE, [])}
             base_by_seed = {r.seed: results[r.key]["tests"][label][spec.metric]
                             for r in rows.get(BASELINE, [])}
             for row, row_runs in rows.items():
                 values = [results[r.key]["tests"][label][spec.metric] for r in row_runs]
-                cpu = [results[r.key]["train_cpu_seconds"] for r in row_runs]
                 mean, std = mean_std(values)
                 last_valid = [v for v in (last_validation(results[r.key], label, spec)
                                           for r in row_runs) if v is not None]
@@ -561,8 +571,10 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                     # each seed against the baseline's run of the same seed (same data order)
                     item["by_seed"] = {r.seed: round(v - base_by_seed[r.seed], 2)
                                        for r, v in zip(row_runs, values) if r.seed in base_by_seed}
-                if None not in cpu and base_cpu and None not in base_cpu:
-                    item["cpu_ratio"] = round(statistics.mean(cpu) / statistics.mean(base_cpu), 2)
+                ratios = cpu_ratios({r.seed: results[r.key] for r in row_runs}, base_runs)
+                if ratios:
+                    item["cpu_ratio"] = round(statistics.mean(ratios.values()), 2)
+                    item["cpu_ratio_seeds"] = sorted(ratios)
                 for measure in ("train_time_ratio", "memory_growth_ratio"):
                     if bench.get(row, {}).get(measure) is not None:
                         item[measure] = bench[row][measure]
@@ -600,7 +612,9 @@ def summarise(args, plan, results, names, matched=None) -> dict:
                  if run.setting == task]
         out.setdefault("cpu_hours", {})[task] = {
             "runs": len(spent), "core_hours": round(sum(s for s in spent if s) / 3600, 1),
-            "unaccounted": sum(1 for s in spent if s is None)}
+            "unaccounted": sum(1 for s in spent if s is None),
+            "machines": runs.machines_used(results[run.key] for run in plan
+                                           if run.setting == task)[0]}
         out.setdefault("fit", {})[task] = fit_table(rows, results)
         out.setdefault("curves", {})[task] = curve_deltas(
             rows, results, {"valid": "valid_curve", **{label: ("curves", label)
@@ -609,6 +623,30 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
     return out
+
+
+def machine_of(result) -> Optional[str]:
+    """The one machine a run trained on (its ``machines`` record), None where it trained on
+    several (resumed elsewhere). A run without the record is of ``UNRECORDED_MACHINE``."""
+    machines = result.get("machines") or [None]
+    return None if len(machines) > 1 else (machines[0] or UNRECORDED_MACHINE)
+
+
+def cpu_ratios(row_runs: Dict[int, dict], base_runs: Dict[int, dict]) -> Dict[int, float]:
+    """{seed: the run's CPU seconds over the baseline's of the same seed}, for the seeds where
+    both have a complete account and trained on one and the same machine (``machine_of``):
+    a run's CPU time is its machine's, and the machines this comparison's runs land on differ
+    in speed. ``row_runs``, ``base_runs``: {seed: result}."""
+    ratios = {}
+    for seed, result in row_runs.items():
+        base = base_runs.get(seed)
+        if base is None or result.get("train_cpu_seconds") is None \
+                or base.get("train_cpu_seconds") is None:
+            continue
+        here = machine_of(result)
+        if here is not None and here == machine_of(base):
+            ratios[seed] = result["train_cpu_seconds"] / base["train_cpu_seconds"]
+    return ratios
 
 
 def fit_table(rows: Dict[str, List[runner.Run]], results) -> Dict[str, dict]:
@@ -796,7 +834,7 @@ def markdown(report) -> str:
                     f"{cell(item.get('vs_baseline_paired'))} | "
                     f"{verdict(item.get('vs_baseline_paired'))} | {matched} | "
                     f"{item.get('train_time_ratio', '—')} | "
-                    f"{item.get('memory_growth_ratio', '—')} | {item.get('cpu_ratio', '—')} |")
+                    f"{item.get('memory_growth_ratio', '—')} | {cpu_cell(item)} |")
             if any("per_category" in item for item in table.values()):
                 lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
                 lines += [f"| {row} | {item.get('lexical', '—')} | "
@@ -856,6 +894,11 @@ def markdown(report) -> str:
                          if item["unaccounted"] else "")
                       for task, item in spent.items())
                   + f"; {sum(item['core_hours'] for item in spent.values()):.1f} in all.", ""]
+        # reports written before the machines were recorded have no counts
+        lines += [f"{task}'s runs by machine (the CPU, the instruction set PyTorch's kernels "
+                  f"use, PyTorch): {runs.machine_counts(item['machines'])}."
+                  for task, item in spent.items() if item.get("machines")]
+        lines += [""] if any(item.get("machines") for item in spent.values()) else []
     for task, curves in report.get("curves", {}).items():
         for label in [k for k in curves if k.endswith("_baseline")]:
             updates, values = curves[label]
@@ -879,10 +922,23 @@ def markdown(report) -> str:
                  + "".join(f"; {task}'s {', '.join(rows)} measured there with other flags than "
                            "the runs': —" for task, rows in report.get("bench_stale", {}).items())
                  + "), training time per update and the peak "
-                 "memory growth of training against the baseline's. The runs' CPU time: their "
-                 "processes' accounts (training and validation) against the baseline's, not a "
-                 "benchmark.")
+                 "memory growth of training against the baseline's. The runs' CPU time: each "
+                 "run's processes' accounts (training and validation) over the baseline's run "
+                 "of the same seed where both trained on the same machine, mean over those "
+                 "seeds (named where they are fewer than the row's; — where there is none), "
+                 "not a benchmark: machines differ in speed.")
     return "\n".join(lines) + "\n"
+
+
+def cpu_cell(item) -> str:
+    """The CPU time column: the ratio, with the seeds it is over where they are fewer than the
+    row's (reports written before ``cpu_ratio_seeds`` was kept: every seed)."""
+    if "cpu_ratio" not in item:
+        return "—"
+    seeds = item.get("cpu_ratio_seeds", item["seeds"])
+    if len(seeds) == len(item["seeds"]):
+        return f"{item['cpu_ratio']}"
+    return f"{item['cpu_ratio']} (seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))})"
 
 
 def write_report(args, report):

@@ -134,10 +134,6 @@ STARTED = "started.json"  # an unfinished run's recipe (what a resumed run must 
 # null for a process that did not end normally (killed: its time is unknown), and no file for a
 # run begun before the count was kept: then the run's count is incomplete (null in result.json)
 CPU_SECONDS = "cpu_seconds.json"
-# the machines (runs.machine()) a run's processes trained on, in order of first use; null first
-# for a run begun before they were kept. Runs of one comparison may train on different CPUs
-# (a session's machine is not always the last one's), whose kernels sum in other orders
-MACHINES = "machines.json"
 MATCH_ABOVE = 0.02  # a row with more extra parameters than this gets a matched baseline
 # a run's bits (its validation and test scores, its curve points) as result.json stores them;
 # bootstrap results keep what significance.rounded gives (six decimals or more)
@@ -445,14 +441,7 @@ def train_and_score(args, run_dir, kept_dir, row, depth, seed, recipe):
         runs.fresh_run_dir(run_dir)
         runs.write_json(started, recipe)
         runs.write_json(os.path.join(run_dir, CPU_SECONDS), [])
-    machines_file = os.path.join(run_dir, MACHINES)
-    machines = runs.read_json(machines_file) if resumed else []
-    if machines is None:  # a run begun before the record was kept
-        machines = [None]
-    here = runs.machine()
-    if here not in machines:
-        machines.append(here)
-        runs.write_json(machines_file, machines)
+    machines = runs.record_machine(run_dir, resumed)
     arch, flags = row_spec(row, depth, args.embed_dim)
     start = time.time()
     log = os.path.join(run_dir, "train.log")
@@ -837,7 +826,7 @@ def cpu_time(results, updates):
     entry = {"measured_core_hours": round(measured / 3600, 2), "measured_runs": len(complete),
              "estimated_core_hours": round(sum(estimated) / 3600, 2),
              "estimated_runs": len(estimated), "not_estimated": missing}
-    entry["machines"], machine_text = machines_used(results)
+    entry["machines"], machine_text = runs.machines_used(results.values())
     if results and all("train_cpu_seconds" not in r for r in results.values()):
         # every run older than the count (the 800-update comparison's): one line, not each run
         return entry, ["### CPU time", "", f"Not recorded: the {len(results)} runs trained "
@@ -857,24 +846,6 @@ def cpu_time(results, updates):
                  f"{'; '.join(missing)}.")
     return entry, ["### CPU time", "", text + " The scoring and the curves are not counted "
                    "(about 5% more).", "", machine_text, ""]
-
-
-def machines_used(results):
-    """How many of the finished runs trained on each machine (``runs.machine()``: the CPU, the
-    instruction set of PyTorch's kernels, the PyTorch version), as their ``machines`` record
-    says; a run of several machines (resumed elsewhere: ``'a then b'``) and a run without the
-    record (older: ``'not recorded'``) are counted as such. ``results`` {(depth, row, seed):
-    result}. -> ({machine: runs}, markdown line, the most runs first)."""
-    counts = {}
-    for r in results.values():
-        key = " then ".join(m or "not recorded" for m in r.get("machines") or [None])
-        counts[key] = counts.get(key, 0) + 1
-    text = ("Machines (the CPU, the instruction set PyTorch's kernels use, PyTorch; another "
-            "machine sums in another order, so its runs differ in the last bits, not in recipe): "
-            + "; ".join(f"{m}: {n} run{'s' * (n != 1)}"
-                        for m, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
-            + ".")
-    return counts, text
 
 
 def baseline_across_depths(curves):
