@@ -926,7 +926,9 @@ def markdown(report) -> str:
                  "run's processes' accounts (training and validation) over the baseline's run "
                  "of the same seed where both trained on the same machine, mean over those "
                  "seeds (named where they are fewer than the row's; — where there is none), "
-                 "not a benchmark: machines differ in speed.")
+                 "not a benchmark: machines differ in speed. The runs whose machine is not "
+                 "recorded (finished before the record was kept) trained on one machine and "
+                 "are compared with each other.")
     return "\n".join(lines) + "\n"
 
 
