@@ -346,8 +346,9 @@ def record_machine(run_dir, resumed) -> list:
     record's leading null says (its first processes' machine is unknown). A new run starts
     a new record."""
     path = os.path.join(run_dir, MACHINES)
-    recorded = read_json(path) if resumed else None
-    machines = recorded if recorded is not None else ([None] if resumed else [])
+    machines = read_json(path) if resumed else []
+    if machines is None:  # resumed, but begun before the record was kept
+        machines = [None]
     here = machine()
     if here not in machines:
         machines.append(here)

@@ -895,10 +895,10 @@ def markdown(report) -> str:
                       for task, item in spent.items())
                   + f"; {sum(item['core_hours'] for item in spent.values()):.1f} in all.", ""]
         # reports written before the machines were recorded have no counts
-        lines += [f"{task}'s runs by machine (the CPU, the instruction set PyTorch's kernels "
-                  f"use, PyTorch): {runs.machine_counts(item['machines'])}."
-                  for task, item in spent.items() if item.get("machines")]
-        lines += [""] if any(item.get("machines") for item in spent.values()) else []
+        by_machine = [f"{task}'s runs by machine (the CPU, the instruction set PyTorch's "
+                      f"kernels use, PyTorch): {runs.machine_counts(item['machines'])}."
+                      for task, item in spent.items() if item.get("machines")]
+        lines += by_machine + ([""] if by_machine else [])
     for task, curves in report.get("curves", {}).items():
         for label in [k for k in curves if k.endswith("_baseline")]:
             updates, values = curves[label]
