@@ -126,11 +126,13 @@ ROWS = {
 # the rows each task runs under its chosen recipe (None: every row; the tests' scale runs
 # every row on both). COGS's runs cost more than Multi30k's (docs/ideas/comparison.md): it runs
 # the rows whose claims are about compositional generalisation (LRF, the encoder-decoder
-# connections, the swapped-role cross-attention) and one of each depth-connection family
+# connections, the swapped-role cross-attention) and one of each depth-connection family:
+# Hyper-Connections by its dynamic form alone (mHC, dropped on 2026-12-06 before any of its
+# COGS runs, costs 1.8x the baseline's training time there and a matched baseline besides)
 TASK_ROWS: Dict[str, Optional[Tuple[str, ...]]] = {
     "multi30k": None,
     "cogs": (BASELINE, "lrf_encoder", "lrf_decoder", "lrf_both", "bridge_gca", "dwa",
-             "inverted_cross_attention", "hc_dynamic", "mhc", "attn_res_full", "mudd",
+             "inverted_cross_attention", "hc_dynamic", "attn_res_full", "mudd",
              "value_residual", "laurel_rw_lr"),
 }
 
