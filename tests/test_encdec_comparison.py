@@ -487,3 +487,8 @@ def test_cogs_per_category_table_lists_the_baselines_score_and_each_rows_differe
     assert lines[4:] == ["| active_to_passive | 90.0 | -10.0 |",
                          "| pp_recursion (structural) | 10.0 | +2.5 |"]
     assert comparison.category_table({"mhc": table["mhc"]}) == []
+    # the groups' table: one decimal, as the categories' (75.6 and 69.81 were once side by side)
+    table["baseline"].update(lexical=75.6, structural=0.0)
+    table["mhc"].update(lexical=69.81, structural=12.5)
+    assert comparison.group_table(table)[2:] == ["| baseline | 75.6 | 0.0 |",
+                                                 "| mhc | 69.8 | 12.5 |", "| hc | — | — |"]

@@ -770,6 +770,16 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
             "spearman": round(float(rho), 3)}
 
 
+def group_table(table) -> List[str]:
+    """Markdown lines: each row's exact match % on COGS's lexical and structural categories
+    (means over its seeds; one decimal, as the per-category table; — where it has none)."""
+    def cell(item, group):
+        return f"{item[group]:.1f}" if group in item else "—"
+    return ["| row | lexical | structural |", "|---|---:|---:|"] + [
+        f"| {row} | {cell(item, 'lexical')} | {cell(item, 'structural')} |"
+        for row, item in table.items()]
+
+
 def category_table(table) -> List[str]:
     """Markdown lines: one line per generalisation category (structural ones marked), the
     baseline's exact match and every other row's difference from it (means over seeds; the
@@ -838,10 +848,7 @@ def markdown(report) -> str:
                     f"{item.get('train_time_ratio', '—')} | "
                     f"{item.get('memory_growth_ratio', '—')} | {cpu_cell(item)} |")
             if any("per_category" in item for item in table.values()):
-                lines += ["", "| row | lexical | structural |", "|---|---:|---:|"]
-                lines += [f"| {row} | {item.get('lexical', '—')} | "
-                          f"{item.get('structural', '—')} |" for row, item in table.items()]
-                lines += [""] + category_table(table)
+                lines += [""] + group_table(table) + [""] + category_table(table)
             lines.append("")
     for task, ranking in report.get("against_lm", {}).items():
         if not ranking:
