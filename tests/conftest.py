@@ -192,19 +192,25 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
 # The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 35-135 s
 # on 2 cores, `--durations` of CI): started first, longest first, so that `-n 2` workers do not
 # end with one of them still running a long test while the other is idle (~4 min of CI's wall
-# time when they were collected last). Order: the fresh-clone CI of 2026-11-29 afternoon, after
-# the table smokes and the comparison's tests began forking their commands (layerlab.warm).
-LONG_FIRST = ("test_end_to_end.py::test_quickstart", "test_bench.py::test_bench_suite_quick",
+# time when they were collected last). Order: `--durations` of the suite on 2026-12-06 (the runs
+# paused), with the encoder-decoder comparison's end-to-end test, then the longest and started
+# last, on toy data since.
+LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_end_to_end.py::test_quickstart",
+              "test_bench.py::test_bench_suite_quick",
               "test_kernels.py::test_kernels_under_the_triton_interpreter",
-              "test_tables.py::test_lrf_cognition_smoke", "test_tables.py::test_bridge_table_smoke",
+              "test_tables.py::test_bridge_table_smoke",
+              "test_encdec_comparison.py::test_both_tasks_end_to_end",
               "test_tables.py::test_lm_table_smoke",
-              "test_lm_depth_comparison.py::test_a_longer_run",
-              "test_lm_depth_comparison.py::test_a_tiny_comparison", "test_interrupted.py::",
-              "test_prepare.py::test_cfq_mcd1_real_preprocessed_files",
+              "test_lm_depth_comparison.py::test_a_tiny_comparison",
+              "test_lm_depth_comparison.py::test_a_longer_run", "test_interrupted.py::",
               "test_end_to_end.py::test_compare_seeds_summarises",
               "test_prepare.py::test_wikitext2_real_files",
               "test_lm_depth_comparison.py::test_an_interrupted_run",
-              "test_docs.py::test_documented_commands_run", "test_tables.py::test_lrf_cfq_smoke")
+              "test_prepare.py::test_cfq_mcd1_real_preprocessed_files",
+              "test_docs.py::test_documented_commands_run", "test_tables.py::test_smoke_dry_run",
+              "test_end_to_end.py::test_compare_seeds_linear_decay",
+              "test_end_to_end.py::test_checkpoint_loaded_without_user_dir",
+              "test_bench.py::test_the_encdec_bench", "test_tables.py::test_lrf_cfq_smoke")
 
 
 def pytest_collection_modifyitems(items):

@@ -166,3 +166,34 @@ def cogs_like(root):
     binarize_translation(str(root / "data-bin" / "cogs"), "in", "out", str(text / "train"),
                          str(text / "valid"), [str(text / "test"), str(text / "gen_dev")],
                          joined=True)
+
+
+def multi30k_like(root):
+    """A Multi30k-shaped data folder under ``root`` as the preparation script lays it out: a
+    joined SentencePiece model trained on the toy text (``data/multi30k/spm.model``), the raw
+    references (``test.raw.en``) and the binarised de-en pairs (test_2016 and test_2017 as test
+    / test1), at a size whose beam search takes seconds, not the real test set's minute."""
+    from layerlab.prepare import (binarize_translation, encode_pieces, train_sentencepiece,
+                                  write_lines)
+
+    text = root / "data" / "multi30k"
+    text.mkdir(parents=True)
+    who = [("ein hund", "a dog"), ("eine frau", "a woman"), ("ein kind", "a child"),
+           ("ein mann", "a man")]
+    does = [("läuft", "runs"), ("spielt", "plays"), ("sitzt", "sits"), ("wartet", "waits")]
+    where = [("im park", "in the park"), ("am strand", "on the beach"),
+             ("auf der straße", "on the street"), ("im schnee", "in the snow")]
+    pairs = [(f"{w[0]} {d[0]} {p[0]} .", f"{w[1]} {d[1]} {p[1]} .")
+             for w in who for d in does for p in where]
+    pairs = [pairs[(i * 23) % len(pairs)] for i in range(len(pairs))]  # every subset mixed
+    raw = {"train": pairs[:40], "valid": pairs[40:48], "test": pairs[48:56],
+           "test1": pairs[56:64]}
+    sp = train_sentencepiece([s for pair in raw["train"] for s in pair], str(text / "spm"), 40)
+    for subset, subset_pairs in raw.items():
+        for side, lang in enumerate(("de", "en")):
+            lines = [pair[side] for pair in subset_pairs]
+            write_lines(str(text / f"{subset}.raw.{lang}"), lines)
+            write_lines(str(text / f"{subset}.{lang}"), encode_pieces(sp, lines))
+    binarize_translation(str(root / "data-bin" / "multi30k"), "de", "en", str(text / "train"),
+                         str(text / "valid"), [str(text / "test"), str(text / "test1")],
+                         joined=True)

@@ -1,6 +1,6 @@
 """scripts/experiments/encdec_comparison.py: the encoder-decoder comparison's declaration run by
-the experiment runner, end to end at the tests' scale (the real Multi30k files where
-../shared/data has them, a COGS-shaped toy set), and its refusals before anything trains."""
+the experiment runner, end to end at the tests' scale (Multi30k- and COGS-shaped toy sets: the
+real files' preparation is tests/test_prepare.py's), and its refusals before anything trains."""
 import json
 import os
 import shutil
@@ -8,32 +8,29 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli_env
-from helpers import SCRIPTS, SHARED_DATA, cogs_like
+from conftest import cli_env, forked_env
+from helpers import SCRIPTS, cogs_like, multi30k_like
 
 from layerlab import runs
 from layerlab.paths import load_script
 
 SCRIPT = os.path.join(SCRIPTS, "experiments", "encdec_comparison.py")
-MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 
 
-def _run(*args, cwd):
+def _run(*args, cwd, env=None):
     return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True,
-                          text=True, env=cli_env(), cwd=cwd)
+                          text=True, env=env or cli_env(), cwd=cwd)
 
 
-@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
 def test_both_tasks_end_to_end_then_resume(tmp_path):
-    prepared = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "multi30k.py"),
-                               "--from", MULTI30K], capture_output=True, text=True,
-                              env=cli_env(), cwd=tmp_path)
-    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    multi30k_like(tmp_path)
     cogs_like(tmp_path)
     args = ["--tasks", "multi30k,cogs", "--rows", "baseline,hc_static", "--seeds", "1",
             "--recipe", "multi30k=smoke,cogs=smoke", "--out-dir", "runs", "--jobs", "2",
             "--keep-runs", "kept"]
-    proc = _run(*args, cwd=tmp_path)
+    # its fairseq commands forked from a warm server (layerlab.warm), as the LM comparison's
+    # tests run theirs
+    proc = _run(*args, cwd=tmp_path, env=forked_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "runs" / "results.json").read_text())
     m30k = report["tasks"]["multi30k"]["test_2016"]

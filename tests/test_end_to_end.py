@@ -31,7 +31,7 @@ def test_generate_with_only_user_dir(scan_bin, fusion_ckpt, tmp_path):
     out = run_cli("fairseq-generate", scan_bin / "bin", "--user-dir", PLUGIN_DIR,
                   "--path", fusion_ckpt, "--gen-subset", "valid", "--beam", "4",
                   "--batch-size", "64", "--required-batch-size-multiple", "1",
-                  "--num-workers", "0")
+                  "--num-workers", "0", "--max-len-a", "0", "--max-len-b", "20")
     log = tmp_path / "gen.txt"
     log.write_text(out)
     parsed = read_generate_log(str(log), expected=200)
@@ -62,7 +62,8 @@ def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ck
     assert next(iter(state)) == "_fairseq_plugins"  # the marker is the first thing unpickled
     args = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), scan_bin / "bin",
             "--path", fusion_ckpt, "--gen-subset", "valid", "--beam", "2", "--batch-size", "64",
-            "--required-batch-size-multiple", "1", "--num-workers", "0"]
+            "--required-batch-size-multiple", "1", "--num-workers", "0", "--max-len-a", "0",
+            "--max-len-b", "10"]  # the load is checked, not the outputs: short ones
     # torch's default safe loading, no --user-dir: one line saying what to pass (the installed
     # fairseq_plugins_hints.pth), the marker's name in the trace when asked for
     proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, env=cli_env())
@@ -212,8 +213,11 @@ def test_quickstart_reads_the_validation_curve(tmp_path):
 def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
     cmd = [sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"), "--data", scan_bin / "bin",
            "--archs", "transformer_tiny", "--seeds", "1,2", "--max-update", "3",
-           "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "64", "--out-dir", "cmp"]
-    env = forked_env()  # its commands forked (layerlab.warm)
+           "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "16", "--out-dir", "cmp",
+           "--launcher", "debug"]
+    # its runs in the script's process (submitit's debug launcher; the local launcher's
+    # process per run is the next test's), their commands forked from its warm servers
+    env = forked_env()
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -238,7 +242,7 @@ def test_compare_seeds_linear_decay_recipe_in_parallel(scan_bin, tmp_path):
     cmd = [sys.executable, os.path.join(SCRIPTS, "compare_seeds.py"), "--data", scan_bin / "bin",
            "--archs", "transformer_tiny", "--seeds", "1,2", "--max-update", "4",
            "--recipe", "linear_decay", "--validate-every", "2", "--warmup", "1", "--beam", "1",
-           "--jobs", "2", "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "64",
+           "--jobs", "2", "--gen-subset", "valid", "--max-len-a", "0", "--max-len-b", "16",
            "--bootstrap", "0", "--out-dir", "cmp"]
     # forked (layerlab.warm): two commands at a time, from two servers
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True,

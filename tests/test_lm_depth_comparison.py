@@ -268,9 +268,11 @@ def test_a_longer_run_starts_as_the_shorter_one_and_scores_its_learning_curve(lm
     inverse-sqrt schedule does not depend on --max-update): the same losses, bitwise, and its
     curve point at update 4 scores the 4-update run's model; the curve's last point is the
     final validation score, and no checkpoint is left behind."""
+    # in this process (submitit's debug launcher: its commands forked from one warm server;
+    # the local launcher's process per run is the tiny comparison's test)
     common = ["--data", str(lm_bin), "--rows", "baseline,dwa", "--depths", "2", "--seeds", "1",
               "--embed-dim", "16", "--no-matched-baselines", "--warmup-updates", "2",
-              "--log-interval", "1", "--save-interval-updates", "2"]
+              "--log-interval", "1", "--save-interval-updates", "2", "--launcher", "debug"]
     assert comparison.main([*common, "--updates", "4", "--out-dir", str(tmp_path / "short")]) == 0
     longer = [*common, "--updates", "8", "--curve-interval", "4", "--test-at", "4", "--out-dir",
               str(tmp_path / "long")]
@@ -682,8 +684,11 @@ def test_the_committed_reports_learning_curves_are_their_runs_rounded_once(repor
 
 def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         lm_bin, tmp_path, monkeypatch, capsys):
+    # every run in this process (submitit's debug launcher), where the stand-in below kills
+    # one; the launcher opens pdb on a failed run, as submitit's debug executor does: not here
     common = ["--data", str(lm_bin), "--rows", "baseline", "--depths", "2", "--seeds", "1",
-              "--updates", "4", "--embed-dim", "16", "--no-matched-baselines"]
+              "--updates", "4", "--embed-dim", "16", "--no-matched-baselines", "--launcher",
+              "debug"]
     whole = tmp_path / "whole" / "d2" / "baseline" / "seed1"
     assert comparison.main([*common, "--out-dir", str(tmp_path / "whole"),
                             "--save-interval-updates", "0"]) == 0  # no checkpoint on the way
@@ -700,10 +705,8 @@ def test_an_interrupted_run_continues_from_its_checkpoint_as_if_never_stopped(
         return real(cmd, log, append, on_cpu=on_cpu)
     monkeypatch.setattr(comparison.runs, "run_logged", killed_after_two_updates)
     out = tmp_path / "stopped"
-    # in this process (submitit's debug launcher), where the stand-in kills it; the launcher
-    # opens pdb on a failed run, as submitit's debug executor does: not here
     monkeypatch.setattr("pdb.post_mortem", lambda *a: None)
-    argv = [*common, "--out-dir", str(out), "--save-interval-updates", "2", "--launcher", "debug"]
+    argv = [*common, "--out-dir", str(out), "--save-interval-updates", "2"]
     capsys.readouterr()
     assert comparison.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()

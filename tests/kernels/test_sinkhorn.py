@@ -37,6 +37,6 @@ def test_forward_and_backward_equal_the_eager_iterations(n, positions, iteration
 
 def test_the_hand_written_backward_passes_gradcheck():
     torch.manual_seed(0)
-    m = torch.rand(6, 3, 3, dtype=torch.float64, device=DEVICE) + 0.1
+    m = torch.rand(2, 3, 3, dtype=torch.float64, device=DEVICE) + 0.1
     m.requires_grad_()
     assert torch.autograd.gradcheck(lambda x: kernel.SinkhornScaling.apply(x, 5), (m,))

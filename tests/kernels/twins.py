@@ -52,7 +52,8 @@ def twin_language_models(flags, seed, prepare=None):
 def assert_same_function(models):
     """The two models' outputs and every parameter's gradient on one batch are equal (float64:
     up to the order of summation)."""
-    tokens = torch.randint(4, 24, (2, 9), device=DEVICE)
+    # 10 rows: under Triton's interpreter each row of a kernel's grid costs its own run
+    tokens = torch.randint(4, 24, (2, 5), device=DEVICE)
     outs = []
     for model in models:
         logits = model(tokens)[0]
