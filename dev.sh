@@ -36,7 +36,11 @@ case "${1:-}" in
     test)
         setup
         set +e
-        "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" --durations=15 tests "${@:2}"
+        # --maxschedchunk 1: xdist hands out tests one at a time, not a first chunk of an
+        # eighth of the suite per worker, which gave the first worker every long test that
+        # tests/conftest.py's LONG_FIRST puts at the front
+        "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-auto}" --maxschedchunk 1 \
+            --durations=15 tests "${@:2}"
         rc=$?
         # pytest exits 5 when it collected no test: that is a failure, not a pass
         [ $rc -eq 5 ] && echo "dev.sh: pytest ran no test" >&2

@@ -194,7 +194,8 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
 # end with one of them still running a long test while the other is idle (~4 min of CI's wall
 # time when they were collected last). Order: `--durations` of the suite on 2026-12-06 (the runs
 # paused), with the encoder-decoder comparison's end-to-end test, then the longest and started
-# last, on toy data since.
+# last, on toy data since. dev.sh hands the tests out one at a time (`--maxschedchunk 1`):
+# xdist's first chunk, an eighth of the suite per worker, gave the first worker all of these.
 LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_end_to_end.py::test_quickstart",
               "test_bench.py::test_bench_suite_quick",
               "test_kernels.py::test_kernels_under_the_triton_interpreter",
