@@ -192,9 +192,9 @@ def assert_lm_evaluates_and_generates(lm_bin, ckpt):
 # The tests that run whole tables, the benchmark suite or end-to-end CLI pipelines (each 35-135 s
 # on 2 cores, `--durations` of CI): started first, longest first, so that `-n 2` workers do not
 # end with one of them still running a long test while the other is idle (~4 min of CI's wall
-# time when they were collected last). Order: `--durations` of the suite on 2026-12-06 (the runs
-# paused), with the encoder-decoder comparison's end-to-end test, then the longest and started
-# last, on toy data since. dev.sh hands the tests out one at a time (`--maxschedchunk 1`):
+# time when they were collected last). Order: the suite's `--durations` on 2026-12-06 (the runs
+# paused; the encoder-decoder comparison's end-to-end test, then the longest and missing here,
+# has run on toy data since). dev.sh hands the tests out one at a time (`--maxschedchunk 1`):
 # xdist's first chunk, an eighth of the suite per worker, gave the first worker all of these.
 LONG_FIRST = ("test_tables.py::test_lrf_cognition_smoke", "test_end_to_end.py::test_quickstart",
               "test_bench.py::test_bench_suite_quick",
