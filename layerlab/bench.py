@@ -9,6 +9,7 @@ its peak resident set during the timed steps over the peak after building model 
 """
 import gc
 import json
+import logging
 import os
 import resource
 import statistics
@@ -20,6 +21,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .paths import REPO  # noqa: F401  (the repository the suite writes its results under)
+
+# importing fairseq's models runs its wav2vec2_classification module, which configures the root
+# logger at DEBUG: every library's debug lines (matplotlib's font search: hundreds) would then
+# bury the suite's progress on stderr. Configuring it first makes that a no-op; the suite reports
+# in its JSON and markdown, so only warnings and errors are logged
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
 
 # The targets of the architecture issues, checked by scripts/bench/run.py and named in each
 # part's report: (part, ratio, rows (None: every row that has the ratio), op, threshold, label).

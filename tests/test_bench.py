@@ -26,6 +26,10 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
                            "--out", str(out), "--markdown", str(md), "--plot", str(png)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # progress only: fairseq's import sets the root logger to DEBUG unless the suite configures
+    # it first (then matplotlib's font search alone logs hundreds of lines)
+    assert "DEBUG:" not in proc.stderr and "INFO:" not in proc.stderr, proc.stderr[:3000]
+    assert "[bench] === depth ===" in proc.stderr
     report = json.loads(out.read_text())
     assert report == json.loads(proc.stdout)
     assert report["quick"] and set(report["parts"]) == {"seq2seq", "lm", "scaling", "depth"}
