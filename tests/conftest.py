@@ -1,5 +1,6 @@
 """Shared fixtures: real CLIs run with the venv's executables and no torch.load override."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -122,32 +123,113 @@ def run_script(path, *args, stdin=None, cwd=None, env=None):
 
 
 @pytest.fixture(scope="session")
-def scan_bin(tmp_path_factory):
-    """SCAN length split prepared by the real script (fairseq-preprocess), valid = 200 examples."""
+def shared_root(tmp_path_factory):
+    """A folder that every xdist worker of this test run shares (the workers' temporary folders
+    sit side by side in the run's: pytest-xdist's recipe for a session fixture made once), this
+    process's own without xdist. What goes in is made by :func:`made_once` and only read."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "made-once"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def made_once(shared_root, key, make):
+    """``shared_root / key``, filled by ``make(folder)`` in the first worker that asks for it
+    while the others wait (a file lock): data that every worker's tests read and none writes
+    is prepared once per run, not once per worker. Returns (folder, what ``make`` returned:
+    JSON, stored for the workers that did not make it). A ``make`` that fails leaves nothing
+    behind, so the next one asking tries again (and fails the same way)."""
+    import json
+    import shutil
+
+    from filelock import FileLock
+
+    folder, done = shared_root / key, shared_root / f"{key}.json"
+    with FileLock(str(shared_root / f"{key}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                value = make(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.write_text(json.dumps(value))
+        return folder, json.loads(done.read_text())
+
+
+def _prepared_real(shared_root, name, script, *flags):
+    """``scripts/prepare/<script> --from ../shared/data/<name> FLAGS`` into ``data/`` and
+    ``data-bin/`` of a folder made once per run (its preparation is tested in test_prepare.py;
+    the table smokes in test_tables.py read it too, instead of preparing it again)."""
+    from helpers import SHARED_DATA
+
+    def make(folder):
+        proc = run_script(os.path.join(SCRIPTS, "prepare", script), "--from",
+                          os.path.join(SHARED_DATA, name), *flags, "--out-dir",
+                          str(folder / "data"), "--dest-dir", str(folder / "data-bin"))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    # a key without commas: fairseq-preprocess reads a comma in a path as a list
+    key = re.sub(r"[^\w.-]+", "_", "-".join((script, *flags)))
+    folder, stdout = made_once(shared_root, key, make)
+    return folder / "data", folder / "data-bin", stdout
+
+
+@pytest.fixture(scope="session")
+def multi30k_prepared(shared_root):
+    """Multi30k De-En from ../shared/data as scripts/prepare/multi30k.py prepares it by default:
+    (text folder, data-bin folder, the script's stdout), read-only."""
+    return _prepared_real(shared_root, "multi30k", "multi30k.py")
+
+
+@pytest.fixture(scope="session")
+def cognition_small_prepared(shared_root):
+    """CoGnition's small-scale recipe (``--train-on valid,test``) from ../shared/data: (text
+    folder, data-bin folder, the script's stdout), read-only."""
+    return _prepared_real(shared_root, "cognition", "cognition.py", "--train-on", "valid,test")
+
+
+@pytest.fixture(scope="session")
+def scan_bin(tmp_path_factory, shared_root):
+    """SCAN length split prepared by the real script (fairseq-preprocess), valid = 200 examples:
+    ``bin/`` and ``text/`` (made once per run, read-only) in a folder of this worker's, where
+    tests write their checkpoints."""
+    def make(folder):
+        proc = subprocess.run(
+            [sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), "--split", "length",
+             "--out-dir", str(folder / "text"), "--dest-dir", str(folder / "bin"),
+             "--valid-size", "200"], capture_output=True, text=True, env=cli_env())
+        assert proc.returncode == 0, proc.stderr
+
+    prepared, _ = made_once(shared_root, "scan-length", make)
     root = tmp_path_factory.mktemp("scan")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "prepare_scan.py"), "--split", "length",
-         "--out-dir", str(root / "text"), "--dest-dir", str(root / "bin"), "--valid-size", "200"],
-        capture_output=True, text=True, env=cli_env())
-    assert proc.returncode == 0, proc.stderr
+    for sub in ("bin", "text"):
+        (root / sub).symlink_to(prepared / sub, target_is_directory=True)
     return root
 
 
 @pytest.fixture(scope="session")
-def lm_bin(tmp_path_factory):
-    """A small synthetic corpus prepared by scripts/prepare/lm.py (SentencePiece + binarised)."""
-    import torch
+def lm_bin(shared_root):
+    """A small synthetic corpus prepared by scripts/prepare/lm.py (SentencePiece + binarised):
+    its data-bin, made once per run and only read."""
+    def make(root):
+        import torch
 
-    root = tmp_path_factory.mktemp("lm")
-    g = torch.Generator().manual_seed(0)
-    words = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "big", "small"]
-    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
-             for n in torch.randint(4, 14, (6000,), generator=g)]
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "lm.py"), "--text",
-                           root / "corpus.txt", "--name", "toy", "--vocab-size", "30"],
-                          capture_output=True, text=True, env=cli_env(), cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+        g = torch.Generator().manual_seed(0)
+        words = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "big",
+                 "small"]
+        lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),),
+                                                               generator=g))
+                 for n in torch.randint(4, 14, (6000,), generator=g)]
+        (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+        proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare", "lm.py"),
+                               "--text", root / "corpus.txt", "--name", "toy", "--vocab-size",
+                               "30"], capture_output=True, text=True, env=cli_env(), cwd=root)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    root, _ = made_once(shared_root, "lm-toy", make)
     return root / "data-bin" / "toy"
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import made_once, run_cli
 from helpers import PLUGIN_DIR, REPO
 
 from fairseq import checkpoint_utils
@@ -78,23 +78,25 @@ SEQ2SEQ = [n for n in NAMES if os.path.exists(os.path.join(FIXTURES, n, "dict.sr
 
 
 @pytest.fixture(scope="module")
-def fixture_bins(tmp_path_factory):
-    """Every seq2seq fixture's dictionaries, a 4-pair test set binarised with them."""
-    root = tmp_path_factory.mktemp("fixture-bins")
-    bins = {}
-    for name in SEQ2SEQ:
-        d = os.path.join(FIXTURES, name)
-        shared = name.startswith("opus")
-        text = root / name
-        text.mkdir()
-        (text / "test.src").write_text("s3 s4 s5\ns1 s2\ns9 s8 s7 s6\ns10\n")
-        tgt = "s" if shared else "t"
-        (text / "test.tgt").write_text(f"{tgt}3 {tgt}4\n{tgt}1\n{tgt}9 {tgt}2 {tgt}5\n{tgt}7\n")
-        run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-                "--testpref", text / "test", "--srcdict", os.path.join(d, "dict.src.txt"),
-                "--tgtdict", os.path.join(d, "dict.tgt.txt"), "--destdir", text / "bin")
-        bins[name] = text / "bin"
-    return bins
+def fixture_bins(shared_root):
+    """Every seq2seq fixture's dictionaries, a 4-pair test set binarised with them (made once
+    per run, only read)."""
+    def make(root):
+        for name in SEQ2SEQ:
+            d = os.path.join(FIXTURES, name)
+            shared = name.startswith("opus")
+            text = root / name
+            text.mkdir()
+            (text / "test.src").write_text("s3 s4 s5\ns1 s2\ns9 s8 s7 s6\ns10\n")
+            tgt = "s" if shared else "t"
+            (text / "test.tgt").write_text(
+                f"{tgt}3 {tgt}4\n{tgt}1\n{tgt}9 {tgt}2 {tgt}5\n{tgt}7\n")
+            run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+                    "--testpref", text / "test", "--srcdict", os.path.join(d, "dict.src.txt"),
+                    "--tgtdict", os.path.join(d, "dict.tgt.txt"), "--destdir", text / "bin")
+
+    root, _ = made_once(shared_root, "fixture-bins", make)
+    return {name: root / name / "bin" for name in SEQ2SEQ}
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ)

@@ -127,12 +127,12 @@ def test_a_data_folder_without_dictionary_and_a_path_that_is_no_checkpoint_are_o
 
 
 def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
-    def run(*extra):
+    def run(*extra, env=cli_env()):
         proc = subprocess.run(
             [sys.executable, os.path.join(SCRIPTS, "quickstart.py"), "--split", "length",
              "--max-update", "3", "--validate-every", "2", "--gen-subset", "valid",
              "--out-dir", "qs", *extra],
-            capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+            capture_output=True, text=True, env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         log = (tmp_path / "qs" / "fusion_transformer_tiny-seed1" / "train.log").read_text()
         stops = [line.split(" | ")[-1] for line in log.splitlines() if "Stopping training" in line]
@@ -162,7 +162,9 @@ def test_quickstart_writes_table_and_reruns_from_scratch(scan_bin, tmp_path):
     # a resumed run would load checkpoint_last.pt and stop at "num_updates: 4 >= max_update: 3"
     expected = ["Stopping training due to num_updates: 3 >= max_update: 3"]
     assert stops == expected
-    assert run("--archs", "fusion_transformer_tiny", "--no-analysis")[1] == expected
+    # the rerun's commands forked (layerlab.warm): the first run started them as a user does
+    assert run("--archs", "fusion_transformer_tiny", "--no-analysis",
+               env=forked_env())[1] == expected
 
 
 def test_quickstart_rows_options_and_committed_reference(tmp_path, monkeypatch):

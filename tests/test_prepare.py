@@ -182,10 +182,9 @@ def test_cogs_gen_dev_is_every_seventh_example_of_each_category_of_gen(tmp_path)
 
 
 @pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k not present")
-def test_multi30k_real_files(tmp_path):
-    proc = _run("multi30k.py", "--from", MULTI30K, "--vocab-size", "2000", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    out, text = tmp_path / "data-bin" / "multi30k", tmp_path / "data" / "multi30k"
+def test_multi30k_real_files(multi30k_prepared):
+    text, out, stdout = multi30k_prepared  # conftest: the script's run, shared with a table smoke
+    assert "multi30k/test (test_2016_flickr): 1000 pairs" in stdout
     for subset, n in {"train": 29000, "valid": 1014, "test": 1000, "test1": 1000}.items():
         assert _count(out / f"{subset}.de-en.en", out / "dict.en.txt") == n
         assert len((text / f"{subset}.raw.en").read_text().splitlines()) == n
@@ -208,10 +207,9 @@ COGNITION = os.path.join(SHARED_DATA, "cognition")
 
 
 @pytest.mark.skipif(not os.path.isdir(COGNITION), reason="../shared/data/cognition not present")
-def test_cognition_small_scale_recipe_real_files(tmp_path):
-    proc = _run("cognition.py", "--from", COGNITION, "--train-on", "valid,test", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    out, text = tmp_path / "data-bin" / "cognition", tmp_path / "data" / "cognition"
+def test_cognition_small_scale_recipe_real_files(cognition_small_prepared):
+    text, out, stdout = cognition_small_prepared  # conftest: shared with the CoGnition smoke
+    assert "cognition/cg-test: 10800 pairs" in stdout and "[small-scale" in stdout
     sizes = {"train": 20000, "valid": 1000, "test": 10000, "test1": 10800}
     for subset, n in sizes.items():
         assert _count(out / f"{subset}.en-zh.zh", out / "dict.zh.txt") == n

@@ -35,6 +35,16 @@ def smoke(script, data_root, out, *extra):
                      env=forked_env())
 
 
+def link_prepared(data_root, name, prepared):
+    """Place a dataset prepared once per run (conftest: ``(text, data-bin, stdout)``) where the
+    table looks for ``name``: its prepare step then finds it complete (same config) and skips."""
+    for sub, folder in (("data", prepared[0]), ("data-bin", prepared[1])):
+        link = data_root / sub / name
+        if not link.exists():
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(folder, target_is_directory=True)
+
+
 def check_outputs(out, name, labels, pictures):
     report = json.loads((out / "results" / f"{name}_smoke.json").read_text())
     table = (out / "results" / f"{name}_smoke.md").read_text()
@@ -73,11 +83,13 @@ def test_lm_table_smoke_runs_every_row_and_resumes(data_root, tmp_path):
 
 
 @needs_data
-def test_lrf_cognition_smoke_scores_cter_and_bleu(data_root, tmp_path):
+def test_lrf_cognition_smoke_scores_cter_and_bleu(data_root, tmp_path, cognition_small_prepared):
     # two of the four rows: the one-sided LRF rows differ from the both-sides row by their
     # architecture's name only (their models: test_fusion.py; their paper-scale commands: the
     # dry run below); each row costs ~55 s of CI, most of it decoding the 10,800 cg-test lines
-    smoke("lrf_cognition.py", data_root, tmp_path, "--rows", "transformer,fusion")
+    link_prepared(data_root, "cognition-validtest", cognition_small_prepared)
+    proc = smoke("lrf_cognition.py", data_root, tmp_path, "--rows", "transformer,fusion")
+    assert "already prepared" in proc.stdout  # the data was read, not prepared again
     report = check_outputs(tmp_path, "lrf_cognition", ["Transformer", "LRF, encoder + decoder"],
                            ["curves.png", "fusion_weights.png"])
     assert list(report["rows"]) == ["transformer", "fusion"]
@@ -110,8 +122,11 @@ def test_lrf_cfq_smoke_scores_exact_match(data_root, tmp_path):
 
 
 @needs_data
-def test_bridge_table_smoke_runs_four_conditions_with_equal_budgets(data_root, tmp_path):
-    smoke("bridge_wmt16.py", data_root, tmp_path)
+def test_bridge_table_smoke_runs_four_conditions_with_equal_budgets(data_root, tmp_path,
+                                                                   multi30k_prepared):
+    link_prepared(data_root, "multi30k", multi30k_prepared)
+    proc = smoke("bridge_wmt16.py", data_root, tmp_path)
+    assert "already prepared" in proc.stdout
     report = check_outputs(tmp_path, "bridge_wmt16",
                            ["(1) fine-tune, bridge, original init", "(2) fine-tune, no bridge",
                             "(3) fine-tune, bridge, GCA init",
