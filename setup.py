@@ -71,7 +71,9 @@ setup(
     extras_require={
         # triton: the depth connections' GPU kernels, tested on CPU under its interpreter (the
         # version torch 2.13's CUDA wheels pin; torch's CPU wheels ship none)
-        "test": ["pytest", "pytest-xdist", 'triton==3.7.1; platform_system == "Linux"'],
+        # filelock (torch needs it too): data the test workers share is made once (conftest)
+        "test": ["pytest", "pytest-xdist", "filelock",
+                 'triton==3.7.1; platform_system == "Linux"'],
         "hf": ["transformers"],
         "data": ["jieba"],  # CoGnition: segmenting the raw Chinese cg-test references
         "plot": ["matplotlib"],
