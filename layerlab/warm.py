@@ -291,6 +291,15 @@ class Forked:
             self._ended(reply)
         return self.returncode
 
+    def poll(self):
+        """Its exit status if it has ended (``cpu_seconds`` set beside it), else None: it runs
+        on."""
+        if self.returncode is None:
+            reply = _read_line(self.server._replies, timeout=0)
+            if reply is not None:
+                self._ended(reply)
+        return self.returncode
+
     def kill(self):
         """Kill it (if it still runs) and reap it."""
         if self.returncode is None:

@@ -166,8 +166,14 @@ def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
     hang = tmp_path / "hang.py"
     hang.write_text("import time\ntime.sleep(600)\n")
     forked = warm.start([sys.executable, hang])
+    assert forked.poll() is None and forked.poll() is None  # running: polled, not killed
+    os.kill(forked.pid, 0)
     forked.kill()
-    assert forked.returncode == -9
+    assert forked.returncode == -9 and forked.poll() == -9
+    quick = warm.start([sys.executable, script, 0, 3])
+    while quick.poll() is None:  # it ends by itself: poll gives its status, as wait would
+        time.sleep(0.01)
+    assert quick.returncode == 3 and quick.cpu_seconds is not None
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(forked.pid, 0)
     # a Ctrl-C (SIGINT to the process group) stops the command, as Python's handler would,
