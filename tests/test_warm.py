@@ -170,12 +170,12 @@ def test_captured_output_and_a_killed_command(tmp_path, monkeypatch):
     os.kill(forked.pid, 0)
     forked.kill()
     assert forked.returncode == -9 and forked.poll() == -9
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(forked.pid, 0)
     quick = warm.start([sys.executable, script, 0, 3])
     while quick.poll() is None:  # it ends by itself: poll gives its status, as wait would
         time.sleep(0.01)
     assert quick.returncode == 3 and quick.cpu_seconds is not None
-    with pytest.raises(ProcessLookupError):  # killed and reaped
-        os.kill(forked.pid, 0)
     # a Ctrl-C (SIGINT to the process group) stops the command, as Python's handler would,
     # and leaves the server for the next one
     ready = tmp_path / "ready"
