@@ -17,16 +17,25 @@ setup() {
     fi
     echo "== setting up $VENV (torch $TORCH_VERSION, fairseq, this package) =="
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-    "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+    # --no-compile, then compileall on every core: pip byte-compiles each package's files on one
+    # core (most of the install's CPU time), and imports need the .pyc files where
+    # PYTHONDONTWRITEBYTECODE is set (as on these machines), or every fresh interpreter
+    # compiles torch again
+    local pip=("$VENV/bin/python" -m pip install -q --no-compile)
+    "${pip[@]}" --upgrade pip setuptools wheel
+    "${pip[@]}" "torch==$TORCH_VERSION"
     # fairseq-fixed compiles extensions against the torch installed above: no build isolation
-    "$VENV/bin/python" -m pip install -q cython numpy
-    "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,plot,hf,data,tensorboard]"
+    "${pip[@]}" cython numpy
+    "${pip[@]}" --no-build-isolation -e ".[test,plot,hf,data,tensorboard]"
     # fairseq-fixed pulls in torchaudio, whose newest wheels (2.11) do not load under torch 2.13;
     # fairseq needs it only for speech tasks, but transformers imports it whenever it is installed
     if ! "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1; then
         "$VENV/bin/python" -m pip uninstall -y -q torchaudio
     fi
+    local site
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # status 1 for files no 3.11 can compile (torch's py312_intrinsics.py), as pip skips them
+    "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null || true
     touch "$stamp"
 }
 

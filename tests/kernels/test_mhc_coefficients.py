@@ -75,11 +75,13 @@ def test_an_mhc_model_with_the_kernels_computes_the_eager_models_function(kind, 
     products = count_calls(monkeypatch, "stream_products", lambda alpha, stream: 1)
     sinkhorn = count_calls(monkeypatch, "sinkhorn_scaling", lambda m, iterations: 1)
     dynamic = count_calls(monkeypatch, "dynamic_coefficients", lambda *args: 1)
-    models = twin_language_models(["--mhc", kind], seed=5, prepare=maps_away_from_zero)
+    # 2 layers, as the stream-product kernel's model test
+    models = twin_language_models(["--mhc", kind, "--layers", "2"], seed=5,
+                                  prepare=maps_away_from_zero)
     assert models[0].decoder.depth.connection.fused
     assert not models[1].decoder.depth.connection.fused
     assert_same_function(models)
-    sub_layers, m = 2 * 4, 2 * 4 + (24 if kind == "lite" else 16)
+    sub_layers, m = 2 * 2, 2 * 4 + (24 if kind == "lite" else 16)
     assert len(calls) == sub_layers and all(shape[0] == m for shape in calls)
     assert calls[0][1] * 4 == calls[1][1]
     assert len(products) == sub_layers - 1 and not dynamic
