@@ -60,6 +60,8 @@ def test_both_tasks_end_to_end_then_resume(tmp_path):
     assert set(report["fit"]["cogs"]) == set(cogs["test"])
     assert report["fit"]["cogs"]["baseline"]["gen_dev"] > 0  # validated beside dev
     assert "### multi30k, fit at the last epoch" in (tmp_path / "runs" / "results.md").read_text()
+    # the two tasks' rankings: one row besides the baseline is too few to rank
+    assert report["between_tasks"] == {"multi30k/cogs": None}
     train = result["recipe"]["train"]
     assert "--hyper-connections" in train and "--encoder-normalize-before" in train
     cogs_train = json.loads((tmp_path / "runs" / "cogs" / "baseline" / "seed1" /
@@ -140,6 +142,36 @@ def test_the_ranking_against_the_language_models_is_spearman_over_the_shared_row
     assert reversed_["spearman"] == -1.0
     assert comparison.ranking_against_lm(table(lrf_decoder=1.0, mhc=2.0), str(path)) is None
     assert comparison.ranking_against_lm(table(lrf_decoder=1.0), str(tmp_path / "no")) is None
+
+
+def test_the_ranking_between_the_tasks_is_spearman_over_the_rows_both_have():
+    """Each task's gains over its baseline (BLEU on one, exact-match points on the other),
+    ranked over the rows both have; None below three."""
+    comparison = load_script("experiments", "encdec_comparison.py")
+
+    def table(seeds, **gains):
+        return {"baseline": {"seeds": seeds}, **{
+            row: {"vs_baseline": {"difference": g}, "seeds": seeds} for row, g in gains.items()}}
+    m30k = table([1, 2, 3], dwa=0.5, hc_dynamic=1.1, lrf_both=-0.1, mhc=-0.5, mudd=0.2)
+    cogs = table([1], dwa=-2.6, hc_dynamic=+1.0, lrf_both=-9.0, mudd=-3.0)  # no mhc there
+    same = comparison.ranking_between_tasks({"multi30k": m30k, "cogs": cogs})
+    assert same["rows"] == ["dwa", "hc_dynamic", "lrf_both", "mudd"]
+    assert same["spearman"] == 1.0 and same["tasks"] == ["multi30k", "cogs"]
+    assert same["rank"]["multi30k"]["hc_dynamic"] == 1 and same["rank"]["cogs"]["lrf_both"] == 4
+    assert same["seeds"] == {"multi30k": dict.fromkeys(same["rows"], 3),
+                             "cogs": dict.fromkeys(same["rows"], 1)}
+    lines = comparison.markdown({"command": "c", "package_version": "v", "date": "d",
+                                 "recipes": {}, "tasks": {},
+                                 "between_tasks": {"multi30k/cogs": same}}).splitlines()
+    assert "### multi30k against cogs" in lines
+    assert "| hc_dynamic | +1.10 | 3 | 1 | +1.00 | 1 | 1 |" in lines
+    assert lines[lines.index("| hc_dynamic | +1.10 | 3 | 1 | +1.00 | 1 | 1 |") + 1].startswith(
+        "| dwa | +0.50 | 3 | 2 |")  # in the first task's order
+    opposite = comparison.ranking_between_tasks(
+        {"multi30k": m30k, "cogs": table([1], dwa=-0.5, hc_dynamic=-1.1, lrf_both=0.1)})
+    assert opposite["spearman"] == -1.0
+    assert comparison.ranking_between_tasks(
+        {"multi30k": m30k, "cogs": table([1], dwa=1.0, mhc=2.0)}) is None
 
 
 def test_a_diverged_run_is_a_result_reported_as_such(tmp_path, monkeypatch):

@@ -17,7 +17,8 @@ sacreBLEU on the detokenised output against the raw references; exact match with
 categories); the per-sentence statistics are kept for the tests. The report gives per task each
 row's mean and seeds, its difference to the baseline with the hierarchical bootstrap and the
 seed-paired test, its parameters and CPU time against the baseline's, and for COGS the
-per-category and lexical / structural exact match.
+per-category and lexical / structural exact match; the rows' ranking by gain on one task
+against the other's and against the WikiText-2 comparison's (Spearman's rank correlation).
 
 ``--jobs N`` trains N runs at once, each with the machine's cores / N threads (``--threads``
 sets them); a second instance training into the same ``--out-dir`` is refused. ``--keep-runs
@@ -624,6 +625,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         ranked = entry.get(RANKED.get(task))
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
+    ranked = {task: out["tasks"][task][RANKED[task]] for task in out["tasks"]
+              if RANKED.get(task) in out["tasks"][task]}
+    for i, first in enumerate(ranked):  # each pair of tasks once, in the command's order
+        for second in list(ranked)[i + 1:]:
+            out.setdefault("between_tasks", {})[f"{first}/{second}"] = ranking_between_tasks(
+                {first: ranked[first], second: ranked[second]})
     return out
 
 
@@ -770,6 +777,30 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
             "spearman": round(float(rho), 3)}
 
 
+def ranking_between_tasks(tables: Dict[str, dict]) -> Optional[dict]:
+    """Two tasks' tables (``{task: its RANKED subset's rows}``): the rows both have with a
+    difference from the baseline (the matched baselines among them), ranked on each by their
+    gain (rank 1: the largest; average ranks for ties), how many seeds each gain is a mean
+    over, and Spearman's rank correlation of the two rankings: does what helps one task help
+    the other? None below three shared rows."""
+    from scipy.stats import rankdata, spearmanr
+
+    first, second = tables
+    shared = [row for row in tables[first] if "vs_baseline" in tables[first][row]
+              and "vs_baseline" in tables[second].get(row, {})]
+    if len(shared) < 3:
+        return None
+    gain = {task: {row: tables[task][row]["vs_baseline"]["difference"] for row in shared}
+            for task in tables}
+    rank = {task: dict(zip(shared, map(float, rankdata([-gain[task][row] for row in shared]))))
+            for task in tables}
+    return {"tasks": [first, second], "rows": shared, "gain": gain, "rank": rank,
+            "seeds": {task: {row: len(tables[task][row].get("seeds", [])) for row in shared}
+                      for task in tables},
+            "spearman": round(float(spearmanr(list(gain[first].values()),
+                                              list(gain[second].values())).statistic), 3)}
+
+
 def group_table(table) -> List[str]:
     """Markdown lines: each row's exact match % on COGS's lexical and structural categories
     (means over its seeds; one decimal, as the per-category table; — where it has none)."""
@@ -868,6 +899,24 @@ def markdown(report) -> str:
             lines.append(f"| {row} | {ranking['gain'][row]:+.2f} | {seeds.get(row, '—')} | "
                          f"{ranking['rank'][row]:g} | {ranking['lm_gain_bits'][row]:+.4f} | "
                          f"{lm_seeds.get(row, '—')} | {ranking['lm_rank'][row]:g} |")
+        lines.append("")
+    for ranking in report.get("between_tasks", {}).values():
+        if not ranking:
+            continue
+        first, second = ranking["tasks"]
+        units = {task: "BLEU" if TASKS[task].metric == "bleu" else "points"
+                 for task in (first, second)}
+        lines += [f"### {first} against {second}", "",
+                  f"The rows both tasks have, ranked by their gain over the baseline (1: the "
+                  f"largest): on {first}'s {RANKED[first]} and on {second}'s {RANKED[second]}. "
+                  f"Spearman's rank correlation: {ranking['spearman']:+.2f} over "
+                  f"{len(ranking['rows'])} rows.", "",
+                  f"| row | {first} gain ({units[first]}) | seeds | rank | {second} gain "
+                  f"({units[second]}) | seeds | rank |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in sorted(ranking["rows"], key=lambda r: ranking["rank"][first][r]):
+            lines.append(" | ".join(
+                [f"| {row}"] + [f"{ranking['gain'][t][row]:+.2f} | {ranking['seeds'][t][row]} | "
+                                f"{ranking['rank'][t][row]:g}" for t in (first, second)]) + " |")
         lines.append("")
     for task, fits in report.get("fit", {}).items():
         if not fits:
