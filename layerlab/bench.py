@@ -20,6 +20,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import warm
 from .paths import REPO  # noqa: F401  (the repository the suite writes its results under)
 
 # importing fairseq's models runs its wav2vec2_classification module, which configures the root
@@ -183,11 +184,16 @@ def memory_peak_growth(device, start):
     return peak_rss_mb() - start
 
 
-def run_isolated(script, worker_args, threads):
-    """Run ``script --worker ...`` in a fresh process; return its JSON line."""
+def run_isolated(script, worker_args, threads, forkable=False):
+    """Run ``script --worker ...`` in a fresh process; return its JSON line. ``forkable``: a
+    --quick run's worker, forked from a warm server where ``layerlab.warm`` is enabled (the
+    test suite: a fresh interpreter's ~5 s of imports is most of a quick worker's time, and a
+    quick run's figures are not read); a measured run's worker is always a fresh process,
+    whose peak memory is its own."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, script, "--worker", json.dumps(worker_args)],
-                          capture_output=True, text=True, env=env)
+    cmd = [sys.executable, script, "--worker", json.dumps(worker_args)]
+    proc = (warm.run(cmd, env=env) if forkable else
+            subprocess.run(cmd, capture_output=True, text=True, env=env))
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark worker failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -213,7 +219,7 @@ def run_jobs(script, jobs, threads, labels, together=False):
     jobs = list(jobs)
     if together or all(on_cuda(job) for job in jobs):
         print(f"[bench] {'; '.join(labels)} (one process) ...", file=sys.stderr, flush=True)
-        return run_isolated(script, {"mode": JOBS, "jobs": jobs}, threads)
+        return run_isolated(script, {"mode": JOBS, "jobs": jobs}, threads, forkable=together)
     results = []
     for label, job in zip(labels, jobs):
         print(f"[bench] {label} ...", file=sys.stderr, flush=True)

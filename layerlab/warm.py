@@ -3,8 +3,8 @@ child forked from a server that has imported torch and fairseq once, instead of 
 interpreter that spends ~5 s (on a 2-core machine) importing them before it reads an argument.
 
 Opt-in: with ``LAYERLAB_FORK_COMMANDS=1`` in the environment, :func:`layerlab.runs.run_logged`,
-the scorers and ``fairseq-preprocess`` of the data scripts fork their commands (for many short
-commands: the smoke scales, the test suite). Without it, the default, every command is a fresh
+the scorers, ``fairseq-preprocess`` of the data scripts and the benchmark suite's ``--quick``
+workers fork their commands (for many short commands: the smoke scales, the test suite). Without it, the default, every command is a fresh
 process, exactly as a user starts it. The test suite's own fairseq commands use the same
 servers (``tests/conftest.py``).
 
@@ -324,9 +324,10 @@ _lock = threading.Lock()
 _pooled, _idle = [], []
 
 
-def start(cmd, stdout=None, stderr=None, append=False, stdin=os.devnull):
+def start(cmd, stdout=None, stderr=None, append=False, stdin=os.devnull, env=None):
     """Start ``cmd`` in a child of one of this process's idle servers (a new one when all are
-    busy) -> its :class:`Forked`, or None for a command that cannot be forked (:func:`how`)."""
+    busy) -> its :class:`Forked`, or None for a command that cannot be forked (:func:`how`).
+    ``env``: the command's environment (None: this process's)."""
     plan = how(cmd)
     if plan is None:
         return None
@@ -335,17 +336,18 @@ def start(cmd, stdout=None, stderr=None, append=False, stdin=os.devnull):
         if server is None:
             server = Server()
             _pooled.append(server)
-    return server.start(request(*plan, stdin=stdin, stdout=stdout, stderr=stderr, append=append))
+    return server.start(request(*plan, stdin=stdin, stdout=stdout, stderr=stderr, append=append,
+                                env=env))
 
 
-def run(cmd, merge_stderr=False):
-    """``subprocess.run(cmd, capture_output=True, text=True)`` (stderr into stdout with
-    ``merge_stderr``), forked when :func:`enabled` and the command can be."""
+def run(cmd, merge_stderr=False, env=None):
+    """``subprocess.run(cmd, capture_output=True, text=True, env=env)`` (stderr into stdout
+    with ``merge_stderr``), forked when :func:`enabled` and the command can be."""
     cmd = [str(c) for c in cmd]
     if enabled() and how(cmd) is not None:
         with tempfile.TemporaryDirectory() as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            forked = start(cmd, stdout=out, stderr="stdout" if merge_stderr else err)
+            forked = start(cmd, stdout=out, stderr="stdout" if merge_stderr else err, env=env)
             try:
                 forked.wait()
             except BaseException:
@@ -354,8 +356,9 @@ def run(cmd, merge_stderr=False):
             return subprocess.CompletedProcess(cmd, forked.returncode, read_output(out),
                                                None if merge_stderr else read_output(err))
     if merge_stderr:
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(cmd, capture_output=True, text=True)
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 if __name__ == "__main__":

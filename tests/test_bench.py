@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from conftest import forked_env
 from helpers import SCRIPTS
 from layerlab import paths
 
@@ -22,9 +23,11 @@ def paired(a, b, key="train_seconds_per_round"):
 
 def test_bench_suite_quick_writes_every_part(tmp_path):
     out, md, png = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "scaling.png"
+    # its workers forked from a warm server (layerlab.warm), as --quick allows: the suite's
+    # own process starts fresh, as a user's does
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "run.py"), "--quick",
                            "--out", str(out), "--markdown", str(md), "--plot", str(png)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=forked_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     # progress only: fairseq's import sets the root logger to DEBUG unless the suite configures
     # it first (then matplotlib's font search alone logs hundreds of lines)
@@ -247,15 +250,37 @@ def test_cuda_jobs_share_one_process_and_cpu_jobs_get_one_each(monkeypatch):
     from layerlab import bench
 
     calls = []
-    monkeypatch.setattr(bench, "run_isolated",
-                        lambda script, job, threads: calls.append(job) or [job])
+    monkeypatch.setattr(bench, "run_isolated", lambda script, job, threads, forkable=False:
+                        calls.append((job, forkable)) or [job])
     cuda = [{"device": "cuda", "model": m} for m in ("plain", "mhc")]
     bench.run_jobs("s.py", cuda, 1, ["a", "b"])
-    assert calls == [{"mode": bench.JOBS, "jobs": cuda}]
+    assert calls == [({"mode": bench.JOBS, "jobs": cuda}, False)]
     calls.clear()
     cpu = [{"device": "cpu", "model": m} for m in ("plain", "mhc")]
     bench.run_jobs("s.py", cpu, 1, ["a", "b"])
-    assert calls == cpu
+    assert calls == [(job, False) for job in cpu]
+    calls.clear()  # --quick: one process, which may be forked (run_isolated decides)
+    bench.run_jobs("s.py", cpu, 1, ["a", "b"], together=True)
+    assert calls == [({"mode": bench.JOBS, "jobs": cpu}, True)]
+
+
+def test_only_a_quick_runs_worker_is_forked_and_only_where_forking_is_enabled(tmp_path,
+                                                                             monkeypatch):
+    """A measured run's worker is a fresh process (its peak memory its own); a --quick run's is
+    forked from a warm server (fairseq already imported) where layerlab.warm is enabled."""
+    from layerlab import bench, warm
+
+    script = tmp_path / "worker.py"
+    script.write_text("import json, os, sys\nprint(json.dumps({'warm': 'fairseq' in "
+                      "sys.modules, 'threads': os.environ['OMP_NUM_THREADS'], 'args': "
+                      "json.loads(sys.argv[2])}))\n")
+    monkeypatch.delenv(warm.ENV, raising=False)
+    assert bench.run_isolated(str(script), {"a": 1}, 1, forkable=True) == {
+        "warm": False, "threads": "1", "args": {"a": 1}}
+    monkeypatch.setenv(warm.ENV, "1")
+    assert bench.run_isolated(str(script), {"a": 2}, 1)["warm"] is False
+    assert bench.run_isolated(str(script), {"a": 3}, 2, forkable=True) == {
+        "warm": True, "threads": "2", "args": {"a": 3}}
 
 
 def test_jobs_in_one_process_warm_up_on_cuda_only():

@@ -267,7 +267,8 @@ def run(args):
             [f"depth {layers}, {name}: memory" for name in models], together=args.quick)))
         print(f"[bench] depth {layers}: training (interleaved in one process) ...",
               file=sys.stderr, flush=True)
-        train = common.run_isolated(script, dict(job, mode="train"), args.threads)
+        train = common.run_isolated(script, dict(job, mode="train"), args.threads,
+                                    forkable=args.quick)
         base_mem = memory[BASELINE]["train_peak_memory_growth_mb"]
         rows = {}
         for name in models:

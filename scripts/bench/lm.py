@@ -159,7 +159,8 @@ def run(args):
         results.setdefault(name, {}).update(result)
     print(f"[bench] {', '.join(models)}: training (interleaved in one process) ...",
           file=sys.stderr, flush=True)
-    train = common.run_isolated(script, dict(job, mode="train"), args.threads)
+    train = common.run_isolated(script, dict(job, mode="train"), args.threads,
+                                forkable=args.quick)
     base_mem = results[BASELINE]["train_peak_memory_growth_mb"]
     for name in models:
         results[name].update(train[name])
