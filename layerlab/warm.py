@@ -4,9 +4,9 @@ interpreter that spends ~5 s (on a 2-core machine) importing them before it read
 
 Opt-in: with ``LAYERLAB_FORK_COMMANDS=1`` in the environment, :func:`layerlab.runs.run_logged`,
 the scorers, ``fairseq-preprocess`` of the data scripts and the benchmark suite's ``--quick``
-workers fork their commands (for many short commands: the smoke scales, the test suite). Without it, the default, every command is a fresh
-process, exactly as a user starts it. The test suite's own fairseq commands use the same
-servers (``tests/conftest.py``).
+workers fork their commands (for many short commands: the smoke scales, the test suite).
+Without it, the default, every command is a fresh process, exactly as a user starts it. The
+test suite's own fairseq commands use the same servers (``tests/conftest.py``).
 
 The child starts as a fresh interpreter would and ends as the command would:
 
