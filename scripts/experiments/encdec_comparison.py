@@ -535,6 +535,7 @@ def summarise(args, plan, results, names, matched=None) -> dict:
            "command": "python scripts/experiments/encdec_comparison.py "
                       + " ".join(map(shlex.quote, sys.argv[1:])),
            "package_version": runs.package_version(), "tasks": {}}
+    ranked_tables = {}  # {task: its RANKED subset's table}, in the command's order
     for task in args.tasks:
         spec = TASKS[task]
         declared = {run.row.name: run.row for run in plan if run.setting == task}
@@ -625,12 +626,12 @@ def summarise(args, plan, results, names, matched=None) -> dict:
         ranked = entry.get(RANKED.get(task))
         if ranked:
             out.setdefault("against_lm", {})[task] = ranking_against_lm(ranked)
-    ranked = {task: out["tasks"][task][RANKED[task]] for task in out["tasks"]
-              if RANKED.get(task) in out["tasks"][task]}
-    for i, first in enumerate(ranked):  # each pair of tasks once, in the command's order
-        for second in list(ranked)[i + 1:]:
+            ranked_tables[task] = ranked
+    tasks = list(ranked_tables)
+    for i, first in enumerate(tasks):  # each pair of tasks once
+        for second in tasks[i + 1:]:
             out.setdefault("between_tasks", {})[f"{first}/{second}"] = ranking_between_tasks(
-                {first: ranked[first], second: ranked[second]})
+                {first: ranked_tables[first], second: ranked_tables[second]})
     return out
 
 
@@ -747,6 +748,13 @@ def curve_deltas(rows, results, curves) -> dict:
     return out
 
 
+def ranks(gains: Dict[str, float]) -> Dict[str, float]:
+    """{row: its rank by gain} (1: the largest; average ranks for ties), in ``gains``' order."""
+    from scipy.stats import rankdata
+
+    return dict(zip(gains, map(float, rankdata([-g for g in gains.values()]))))
+
+
 def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
     """The shared rows (LM_ROWS) ranked by their gain over the baseline here (``table``: one
     test subset's rows) and in the WikiText-2 comparison (its difference in test bits at
@@ -754,7 +762,7 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
     over (the two comparisons finish rows at different times), and Spearman's rank
     correlation of the two rankings (average ranks for ties; None below three shared rows or
     without the LM's report)."""
-    from scipy.stats import rankdata, spearmanr
+    from scipy.stats import spearmanr
 
     if not os.path.exists(lm_report):
         return None
@@ -767,11 +775,9 @@ def ranking_against_lm(table, lm_report=LM_REPORT) -> Optional[dict]:
     here = [table[row]["vs_baseline"]["difference"] for row in shared]
     there = [-lm[LM_ROWS[row]]["vs_baseline"]["difference"] for row in shared]
     rho = spearmanr(here, there).statistic
-    # rank 1: the largest gain
     return {"rows": shared, "lm_report": lm_report, "lm_depth": int(LM_DEPTH),
             "gain": dict(zip(shared, here)), "lm_gain_bits": dict(zip(shared, there)),
-            "rank": dict(zip(shared, map(float, rankdata([-g for g in here])))),
-            "lm_rank": dict(zip(shared, map(float, rankdata([-g for g in there])))),
+            "rank": ranks(dict(zip(shared, here))), "lm_rank": ranks(dict(zip(shared, there))),
             "seeds": {row: len(table[row].get("seeds", [])) for row in shared},
             "lm_seeds": {row: len(lm[LM_ROWS[row]].get("seeds", [])) for row in shared},
             "spearman": round(float(rho), 3)}
@@ -783,7 +789,7 @@ def ranking_between_tasks(tables: Dict[str, dict]) -> Optional[dict]:
     gain (rank 1: the largest; average ranks for ties), how many seeds each gain is a mean
     over, and Spearman's rank correlation of the two rankings: does what helps one task help
     the other? None below three shared rows."""
-    from scipy.stats import rankdata, spearmanr
+    from scipy.stats import spearmanr
 
     first, second = tables
     shared = [row for row in tables[first] if "vs_baseline" in tables[first][row]
@@ -792,9 +798,8 @@ def ranking_between_tasks(tables: Dict[str, dict]) -> Optional[dict]:
         return None
     gain = {task: {row: tables[task][row]["vs_baseline"]["difference"] for row in shared}
             for task in tables}
-    rank = {task: dict(zip(shared, map(float, rankdata([-gain[task][row] for row in shared]))))
-            for task in tables}
-    return {"tasks": [first, second], "rows": shared, "gain": gain, "rank": rank,
+    return {"tasks": [first, second], "rows": shared, "gain": gain,
+            "rank": {task: ranks(gain[task]) for task in tables},
             "seeds": {task: {row: len(tables[task][row].get("seeds", [])) for row in shared}
                       for task in tables},
             "spearman": round(float(spearmanr(list(gain[first].values()),
