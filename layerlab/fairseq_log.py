@@ -62,7 +62,13 @@ def read_curves(path, metric="loss", subset="valid"):
 
     ``metric``: ``loss`` (what the criterion optimises: label-smoothed, or cross-entropy plus
     an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
-    records without it fall back to ``loss``, as fairseq's cross_entropy logs only that)."""
+    records without it fall back to ``loss``, as fairseq's cross_entropy logs only that).
+
+    A resumed run appends to its log: the killed attempt's records past its last checkpoint
+    are followed by the resumed attempt's from that checkpoint on. fairseq logs each kind at
+    strictly increasing updates within one attempt, so a record at an update no later than the
+    one before it starts a resumed attempt, and the earlier records at its update and beyond
+    (the killed attempt's, which the finished model does not descend from) are dropped."""
     curves = {}
     for kind, tag, prefix, update_key in (("train", "train_inner", "", "num_updates"),
                                           ("valid", subset, f"{subset}_",
@@ -72,9 +78,12 @@ def read_curves(path, metric="loss", subset="valid"):
             try:
                 value = (record[prefix + metric] if prefix + metric in record
                          else record[prefix + "loss"])
-                curves[kind].append((int(float(record[update_key])), float(value)))
+                point = (int(float(record[update_key])), float(value))
             except (ValueError, KeyError):
-                pass  # a record without these fields
+                continue  # a record without these fields
+            while curves[kind] and curves[kind][-1][0] >= point[0]:
+                curves[kind].pop()
+            curves[kind].append(point)
     return curves
 
 

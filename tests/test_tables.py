@@ -219,6 +219,20 @@ def test_plot_curves_reads_train_and_valid_records(tmp_path):
                     'x | train_inner | {"loss": "8.0", "num_updates": "6"}\n')
     assert plot_curves.read_curves(log2, "nll_loss")["train"] == [(5, 3.0), (6, 8.0)]
     assert plot_curves.read_curves(log2)["train"] == [(5, 9.0), (6, 8.0)]
+    # a resumed run's log: the killed attempt trained to update 30 and validated at 30 after
+    # its last checkpoint (update 20); the resumed attempt's records from 20 on replace them
+    log3 = tmp_path / "resumed.log"
+    log3.write_text(
+        'x | train_inner | {"loss": "4.0", "num_updates": "10"}\n'
+        'x | valid | {"valid_loss": "3.9", "valid_num_updates": "20"}\n'
+        'x | train_inner | {"loss": "3.0", "num_updates": "25"}\n'
+        'x | valid | {"valid_loss": "3.5", "valid_num_updates": "30"}\n'
+        'x | train_inner | {"loss": "2.5", "num_updates": "30"}\n'
+        'x | train_inner | {"loss": "2.9", "num_updates": "25"}\n'
+        'x | valid | {"valid_loss": "3.4", "valid_num_updates": "30"}\n'
+        'x | train_inner | {"loss": "2.4", "num_updates": "30"}\n')
+    assert plot_curves.read_curves(log3) == {"train": [(10, 4.0), (25, 2.9), (30, 2.4)],
+                                             "valid": [(20, 3.9), (30, 3.4)]}
     nats = plot_curves.curves_for([log], nats=True)[0]
     assert nats["valid"] == [(10, pytest.approx(3.5 * math.log(2)))]
     proc = run_script(os.path.join(SCRIPTS, "plot_curves.py"), log, log,
