@@ -55,6 +55,28 @@ def last_epoch_nll(path, subsets=None):
     return out
 
 
+def final_attempt(logged, update_key="num_updates"):
+    """``[(update, record)]``: the records of one kind (``records(path, tag)``) that the
+    attempt a run finished with logged, in update order; records without ``update_key`` are
+    skipped.
+
+    A resumed run appends to its log: the killed attempt's records past its last checkpoint
+    are followed by the resumed attempt's from that checkpoint on. fairseq logs each kind at
+    strictly increasing updates within one attempt, so a record at an update no later than the
+    one before it starts a resumed attempt, and the earlier records at its update and beyond
+    (the killed attempt's, which the finished model does not descend from) are dropped."""
+    kept = []
+    for record in logged:
+        try:
+            update = int(float(record[update_key]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        while kept and kept[-1][0] >= update:
+            kept.pop()
+        kept.append((update, record))
+    return kept
+
+
 def read_curves(path, metric="loss", subset="valid"):
     """{'train': [(update, value)], 'valid': [(update, value)]} from one log; ``subset``: the
     validation subset whose records make the 'valid' curve (fairseq tags each subset's records
@@ -64,26 +86,19 @@ def read_curves(path, metric="loss", subset="valid"):
     an embedding loss) or ``nll_loss`` (the cross-entropy alone, where the criterion logs it;
     records without it fall back to ``loss``, as fairseq's cross_entropy logs only that).
 
-    A resumed run appends to its log: the killed attempt's records past its last checkpoint
-    are followed by the resumed attempt's from that checkpoint on. fairseq logs each kind at
-    strictly increasing updates within one attempt, so a record at an update no later than the
-    one before it starts a resumed attempt, and the earlier records at its update and beyond
-    (the killed attempt's, which the finished model does not descend from) are dropped."""
+    A resumed run's curves are those of the attempt it finished with (:func:`final_attempt`)."""
     curves = {}
     for kind, tag, prefix, update_key in (("train", "train_inner", "", "num_updates"),
                                           ("valid", subset, f"{subset}_",
                                            f"{subset}_num_updates")):
         curves[kind] = []
-        for record in records(path, tag):
+        for update, record in final_attempt(records(path, tag), update_key):
             try:
-                value = (record[prefix + metric] if prefix + metric in record
-                         else record[prefix + "loss"])
-                point = (int(float(record[update_key])), float(value))
+                curves[kind].append((update, float(record[prefix + metric]
+                                                   if prefix + metric in record
+                                                   else record[prefix + "loss"])))
             except (ValueError, KeyError):
-                continue  # a record without these fields
-            while curves[kind] and curves[kind][-1][0] >= point[0]:
-                curves[kind].pop()
-            curves[kind].append(point)
+                continue  # a record without the metric
     return curves
 
 

@@ -1,6 +1,7 @@
 """Commands forked from a warm process: fairseq's console scripts and ``python`` scripts run in a
-child forked from a server that has imported torch and fairseq once, instead of in a fresh
-interpreter that spends ~5 s (on a 2-core machine) importing them before it reads an argument.
+child forked from a server that has imported torch and fairseq once (and torch._dynamo, which
+the optimizer of every training imports), instead of in a fresh interpreter that spends ~5 s (on
+a 2-core machine) importing them before it reads an argument, and a training ~3 s more.
 
 Opt-in: with ``LAYERLAB_FORK_COMMANDS=1`` in the environment, :func:`layerlab.runs.run_logged`,
 the scorers, ``fairseq-preprocess`` of the data scripts and the benchmark suite's ``--quick``
@@ -208,6 +209,9 @@ def serve(requests_fd, replies_fd):
     when the request pipe closes."""
     import torch  # noqa: F401
     import fairseq  # noqa: F401
+    # every fairseq-train builds a torch optimizer, whose constructor imports torch._dynamo
+    # (~3 s on a 2-core machine, more than the rest of a tiny training); it starts no thread
+    import torch._dynamo  # noqa: F401
 
     root = logging.getLogger()  # undo the basicConfig that importing fairseq makes
     for handler in list(root.handlers):

@@ -56,10 +56,11 @@ class _Zygote:
     def running(self):
         return self.server.running if self.server else None
 
-    def start(self, argv, stdin, cwd, script=False, env=None):
+    def start(self, argv, stdin, cwd, script=False, env=None, kind=None):
         """Start the command (``script``: ``python argv[0] ...``, else a console script's path
-        and its arguments); returns the ``_Command`` to ``wait()`` for. A command of this
-        zygote's that nobody waited for (its test failed first) is killed."""
+        and its arguments; ``kind``, where given, names it as ``layerlab.warm.how`` does);
+        returns the ``_Command`` to ``wait()`` for. A command of this zygote's that nobody
+        waited for (its test failed first) is killed."""
         if self.server is None:
             self.server = warm.Server(env=cli_env())
         tmp = tempfile.TemporaryDirectory()
@@ -67,12 +68,12 @@ class _Zygote:
         with open(paths["stdin"], "w") as f:  # the child writes the other two
             f.write(stdin or "")
         argv = [str(a) for a in argv]
-        forked = self.server.start(warm.request("path" if script else "console", argv, cwd=cwd,
-                                                env=env or cli_env(), **paths))
+        forked = self.server.start(warm.request(kind or ("path" if script else "console"), argv,
+                                                cwd=cwd, env=env or cli_env(), **paths))
         return _Command(forked, tmp, paths)
 
-    def run(self, argv, stdin, cwd, script=False, env=None):
-        return self.start(argv, stdin, cwd, script, env).wait()
+    def run(self, argv, stdin, cwd, script=False, env=None, kind=None):
+        return self.start(argv, stdin, cwd, script, env, kind).wait()
 
 
 class _Command:
@@ -114,6 +115,19 @@ def start_cli(name, *args, zygote=0, env=None):
     side: each on its own zygote, which is busy until it is waited for."""
     return ZYGOTES[zygote].start([os.path.join(BIN, name), *map(str, args)], None, None,
                                  env=env)
+
+
+def run_command(cmd, cwd=None, env=None):
+    """What ``subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env or
+    cli_env())`` gives, for a command a fresh interpreter would start (a console script beside
+    this Python, ``python SCRIPT ...``, ``python -m MODULE ...``), run in a child of a
+    ``layerlab.warm`` server: torch's and fairseq's imports are not paid again, the rest is as
+    in a fresh process (see there). For what a command does and says; a test of what starting
+    an interpreter does (a ``.pth`` file, an import a module must not make) starts one."""
+    how = warm.how(cmd)
+    assert how is not None, f"not a command a layerlab.warm server runs: {cmd}"
+    kind, argv = how
+    return ZYGOTES[0].run(argv, None, cwd, env=env, kind=kind)
 
 
 def run_script(path, *args, stdin=None, cwd=None, env=None):

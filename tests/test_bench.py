@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import forked_env
+from conftest import forked_env, run_command
 from helpers import SCRIPTS
 from layerlab import paths
 
@@ -135,10 +135,9 @@ def test_bench_suite_quick_writes_every_part(tmp_path):
 
 def test_bench_suite_rejects_unknown_parts_and_cpu_fp16(tmp_path):
     run = os.path.join(SCRIPTS, "bench", "run.py")
-    proc = subprocess.run([sys.executable, run, "--only", "seq2seq,gpu"], capture_output=True,
-                          text=True)
+    proc = run_command([sys.executable, run, "--only", "seq2seq,gpu"])
     assert proc.returncode == 2 and "unknown part(s) gpu" in proc.stderr
-    proc = subprocess.run([sys.executable, run, "--fp16"], capture_output=True, text=True)
+    proc = run_command([sys.executable, run, "--fp16"])
     assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
 
 
@@ -532,10 +531,7 @@ def test_the_encdec_bench_measures_the_comparisons_rows_as_they_train(tmp_path):
 
 
 def test_the_encdec_bench_refuses_an_unknown_task_in_one_line():
-    from conftest import cli_env
-
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench", "encdec.py"),
-                           "--task", "wmt", "--quick"], capture_output=True, text=True,
-                          env=cli_env())
+    proc = run_command([sys.executable, os.path.join(SCRIPTS, "bench", "encdec.py"),
+                        "--task", "wmt", "--quick"])
     assert proc.returncode == 2 and "unknown task 'wmt'" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli_env, forked_env, run_cli, train
+from conftest import cli_env, forked_env, run_cli, run_command, train
 from helpers import PLUGIN_DIR, SCRIPTS
 
 from fairseq_plugins.metrics.generate_log import read_generate_log
@@ -71,14 +71,14 @@ def test_checkpoint_loaded_without_user_dir_names_the_plugin(scan_bin, fusion_ck
     assert proc.stderr.strip().splitlines()[-1] == (
         "fairseq-generate: error: this checkpoint was saved with the fairseq_plugins package: "
         "load it with --user-dir /absolute/path/to/fairseq_plugins")
-    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True,
-                          env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
+    # the same command forked (run_command: the hook the interpreter's start installed is the
+    # server's, checked in a fresh process above)
+    proc = run_command(args, env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
     assert proc.returncode == 1 and "Traceback" in proc.stderr
     assert "fairseq_plugins.checkpoint_marker.PassUserDirFairseqPlugins" in proc.stderr
     # full unpickling imports the (installed) package, which registers the models: it loads
     env = dict(cli_env(), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
-    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, env=env,
-                          cwd=scan_bin)
+    proc = run_command(args, env=env, cwd=scan_bin)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("\nH-") == 200
 
@@ -116,13 +116,15 @@ def test_a_data_folder_without_dictionary_and_a_path_that_is_no_checkpoint_are_o
                             f"fairseq-eval-lm: error: --path {tmp_path / 'notes.pt'}: not a "
                             "checkpoint (torch.load cannot read it: "),
     }
-    for program, (args, expected) in runs.items():
+    for i, (program, (args, expected)) in enumerate(runs.items()):
         cmd = [os.path.join(bin_dir, program), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+        # the first in a fresh process (the hook is installed as the interpreter starts), the
+        # rest forked from a warm one that started so (run_command)
+        proc = (subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
+                if i == 0 else run_command(cmd, cwd=tmp_path))
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-500:]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path,
-                              env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
+        proc = run_command(cmd, cwd=tmp_path, env=dict(cli_env(), FAIRSEQ_PLUGINS_TRACEBACK="1"))
         assert proc.returncode == 1 and "Traceback" in proc.stderr
 
 
@@ -219,9 +221,9 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
            "--launcher", "debug"]
     # its runs in the script's process (submitit's debug launcher; the local launcher's
     # process per run is the next test's), their commands forked from its warm servers
+    # (the script itself forked as well: run_command)
     env = forked_env()
-    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    proc = run_command(cmd, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
     (summary,) = report["summary"]
@@ -229,13 +231,11 @@ def test_compare_seeds_summarises_and_resumes(scan_bin, tmp_path):
     assert len(summary["values"]) == 2 and summary["params"] > 0
     log = tmp_path / "cmp" / "transformer_tiny-seed1" / "train.log"
     stamp = log.stat().st_mtime
-    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    proc = run_command(cmd, env=env, cwd=tmp_path)
     assert proc.returncode == 0 and log.stat().st_mtime == stamp  # finished runs not repeated
     assert "| transformer_tiny |" in (tmp_path / "cmp" / "results.md").read_text()
     # the same folder with other flags: an error naming the run, not its old number reused
-    proc = subprocess.run(list(map(str, cmd + ["--lr", "1e-3"])), capture_output=True, text=True,
-                          env=cli_env(), cwd=tmp_path)
+    proc = run_command(cmd + ["--lr", "1e-3"], cwd=tmp_path)
     assert proc.returncode != 0 and "made with another recipe" in proc.stderr
     assert log.stat().st_mtime == stamp
 

@@ -461,14 +461,12 @@ def test_mudd_logs_every_blocks_aggregate():
 
 
 def test_list_options_prints_each_option_with_the_value_the_arch_gives_it():
-    import subprocess
     import sys
 
-    from conftest import cli_env
+    from conftest import run_command
 
     run = [sys.executable, "-m", "fairseq_plugins.list_options"]
-    proc = subprocess.run(run + ["gpt_baseline_lm_mhc_tiny"], capture_output=True, text=True,
-                          env=cli_env())
+    proc = run_command(run + ["gpt_baseline_lm_mhc_tiny"])
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps the help
     assert "options of gpt_baseline_lm_mhc_tiny (fairseq-hydra-train: model.<name>)" in text
@@ -478,7 +476,7 @@ def test_list_options_prints_each_option_with_the_value_the_arch_gives_it():
         entry = text[text.index(option + " "):]
         entry = entry[:entry.index("]") + 1]
         assert entry.endswith(f"[gpt_baseline_lm_mhc_tiny: {value}]"), entry
-    proc = subprocess.run(run + ["transformer"], capture_output=True, text=True, env=cli_env())
+    proc = run_command(run + ["transformer"])
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
         "python -m fairseq_plugins.list_options: error: 'transformer' is not an architecture "
         "of this package; its architectures: ar_encdec_lm, ")

@@ -166,6 +166,22 @@ def test_last_epoch_nll_reads_the_last_epoch_and_validation_of_a_subset(tmp_path
     assert fairseq_log.last_epoch_nll(str(log)) == {"train": None, "valid": None}
 
 
+def test_final_attempt_keeps_the_records_the_finished_model_descends_from():
+    def at(update, loss):
+        return {"num_updates": str(update), "loss": str(loss)}
+    # attempt 1 logged 10..40 and was killed after its checkpoint at 20; attempt 2 resumed from
+    # 20 and was killed at 30 (checkpoint at 30); attempt 3 resumed from 30 and finished at 50
+    logged = [at(10, 9), at(20, 8), at(30, 7), at(40, 6), {"loss": "1.0"},  # no update: skipped
+              at(30, 6.9), at(40, 5.5), at(40, 5.8), at(50, 5.0)]
+    assert [(u, float(r["loss"])) for u, r in fairseq_log.final_attempt(logged)] == [
+        (10, 9.0), (20, 8.0), (30, 6.9), (40, 5.8), (50, 5.0)]
+    # an attempt that ends before the killed one did drops the killed one's later records:
+    # the last record per update would keep attempt 1's update 40 here
+    assert [u for u, _ in fairseq_log.final_attempt([at(10, 9), at(30, 7), at(40, 6),
+                                                     at(20, 8), at(30, 7.5)])] == [10, 20, 30]
+    assert fairseq_log.final_attempt(iter([])) == []
+
+
 def test_seed_summaries():
     rows = [{"arch": "a", "seed": s, "em": v, "params": 7, "train_loss_bits": 1.0}
             for s, v in ((1, 50.0), (2, 54.0), (3, 58.0))]

@@ -395,11 +395,10 @@ def training_log(log):
     (``amax_gain_forward`` / ``amax_gain_backward``) at the last logged update ({}: the row
     logs none); and those gains at every logged update (``{"update": [...], key: [...]}``;
     None: none logged), so that a report can say how they moved on the way, not only where
-    they ended. A resumed run logs again the updates after its checkpoint: the last record of
-    an update counts."""
-    logged = {int(r["num_updates"]): r for r in fairseq_log.records(log, "train_inner")}
+    they ended. A resumed run's records are those of the attempt it finished with
+    (``fairseq_log.final_attempt``)."""
     losses, curve = [], {"update": []}
-    for update, record in sorted(logged.items()):
+    for update, record in fairseq_log.final_attempt(fairseq_log.records(log, "train_inner")):
         losses.append(float(record["loss"]))
         now = {key.split("connection_")[-1]: float(value)
                for key, value in record.items() if "amax_gain" in key}
