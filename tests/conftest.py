@@ -56,11 +56,11 @@ class _Zygote:
     def running(self):
         return self.server.running if self.server else None
 
-    def start(self, argv, stdin, cwd, script=False, env=None, kind=None):
-        """Start the command (``script``: ``python argv[0] ...``, else a console script's path
-        and its arguments; ``kind``, where given, names it as ``layerlab.warm.how`` does);
-        returns the ``_Command`` to ``wait()`` for. A command of this zygote's that nobody
-        waited for (its test failed first) is killed."""
+    def start(self, argv, stdin, cwd, kind="console", env=None):
+        """Start the command (``kind`` as ``layerlab.warm.how`` names it: ``console``, a console
+        script's path and its arguments; ``path``, ``python argv[0] ...``; ``module``,
+        ``python -m argv[0] ...``); returns the ``_Command`` to ``wait()`` for. A command of
+        this zygote's that nobody waited for (its test failed first) is killed."""
         if self.server is None:
             self.server = warm.Server(env=cli_env())
         tmp = tempfile.TemporaryDirectory()
@@ -68,12 +68,12 @@ class _Zygote:
         with open(paths["stdin"], "w") as f:  # the child writes the other two
             f.write(stdin or "")
         argv = [str(a) for a in argv]
-        forked = self.server.start(warm.request(kind or ("path" if script else "console"), argv,
-                                                cwd=cwd, env=env or cli_env(), **paths))
+        forked = self.server.start(warm.request(kind, argv, cwd=cwd, env=env or cli_env(),
+                                                **paths))
         return _Command(forked, tmp, paths)
 
-    def run(self, argv, stdin, cwd, script=False, env=None, kind=None):
-        return self.start(argv, stdin, cwd, script, env, kind).wait()
+    def run(self, argv, stdin, cwd, kind="console", env=None):
+        return self.start(argv, stdin, cwd, kind, env).wait()
 
 
 class _Command:
@@ -127,13 +127,13 @@ def run_command(cmd, cwd=None, env=None):
     how = warm.how(cmd)
     assert how is not None, f"not a command a layerlab.warm server runs: {cmd}"
     kind, argv = how
-    return ZYGOTES[0].run(argv, None, cwd, env=env, kind=kind)
+    return ZYGOTES[0].run(argv, None, cwd, kind, env)
 
 
 def run_script(path, *args, stdin=None, cwd=None, env=None):
     """``python PATH ARGS`` (one of this repository's scripts) in a child of a ``layerlab.warm``
     server: the CompletedProcess (text stdout and stderr)."""
-    return ZYGOTES[0].run([path, *args], stdin, cwd, script=True, env=env)
+    return ZYGOTES[0].run([path, *args], stdin, cwd, "path", env)
 
 
 @pytest.fixture(scope="session")

@@ -170,7 +170,8 @@ def test_final_attempt_keeps_the_records_the_finished_model_descends_from():
     def at(update, loss):
         return {"num_updates": str(update), "loss": str(loss)}
     # attempt 1 logged 10..40 and was killed after its checkpoint at 20; attempt 2 resumed from
-    # 20 and was killed at 30 (checkpoint at 30); attempt 3 resumed from 30 and finished at 50
+    # 20, logged 30 and 40 and was killed after its checkpoint at 30; attempt 3 resumed from 30
+    # and finished at 50
     logged = [at(10, 9), at(20, 8), at(30, 7), at(40, 6), {"loss": "1.0"},  # no update: skipped
               at(30, 6.9), at(40, 5.5), at(40, 5.8), at(50, 5.0)]
     assert [(u, float(r["loss"])) for u, r in fairseq_log.final_attempt(logged)] == [

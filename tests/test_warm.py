@@ -79,21 +79,21 @@ def test_commands_on_two_zygotes_run_side_by_side_and_a_hung_one_is_killed(tmp_p
                       "    time.sleep(0.05)\n"
                       "sys.exit(4)\n")
     a, b = tmp_path / "a", tmp_path / "b"
-    runs = [ZYGOTES[0].start([script, a, b], None, tmp_path, script=True),
-            ZYGOTES[1].start([script, b, a], None, tmp_path, script=True)]
+    runs = [ZYGOTES[0].start([script, a, b], None, tmp_path, kind="path"),
+            ZYGOTES[1].start([script, b, a], None, tmp_path, kind="path")]
     assert [run.wait(timeout=60).returncode for run in runs] == [0, 0]
     # a command past its timeout is killed, and its zygote runs the next one
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nprint('waiting', flush=True)\ntime.sleep(600)\n")
-    run = ZYGOTES[1].start([hang], None, tmp_path, script=True)
+    run = ZYGOTES[1].start([hang], None, tmp_path, kind="path")
     with pytest.raises(subprocess.TimeoutExpired) as info:
         run.wait(timeout=1)
     assert info.value.output == "waiting\n"  # what it wrote before
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(run.pid, 0)
     # one nobody waited for is killed when its zygote is given the next command
-    forgotten = ZYGOTES[1].start([hang], None, tmp_path, script=True)
-    proc = ZYGOTES[1].run([script, a, b], None, tmp_path, script=True)
+    forgotten = ZYGOTES[1].start([hang], None, tmp_path, kind="path")
+    proc = ZYGOTES[1].run([script, a, b], None, tmp_path, kind="path")
     assert proc.returncode == 0
     with pytest.raises(ProcessLookupError):
         os.kill(forgotten.pid, 0)
