@@ -264,19 +264,33 @@ def recipe_difference(theirs, ours):
 
 def in_parallel(function, tasks, jobs):
     """``function(*task)`` for every task, ``jobs`` at a time (threads: each task's work runs in
-    subprocesses) -> yields ``(task, result)`` as they finish. A failed task (a
-    :class:`StepError` or any other exception) cancels the tasks not started yet, and its
-    exception is raised once the running ones have ended."""
+    subprocesses) -> yields ``(task, result)`` as they finish. A task is handed to the pool only
+    when a worker is free, so a failed task (a :class:`StepError` or any other exception) starts
+    nothing more: its exception is raised once the tasks already running have ended, and it is
+    the first failure, not whichever failed task the pool reached while it was being filled."""
+    pending = iter(tasks)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(function, *task): task for task in tasks}
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                result = future.result()
-            except Exception:
-                for other in futures:
-                    other.cancel()
-                raise
-            yield futures[future], result
+        running = {}
+
+        def start_next():
+            for task in pending:  # at most one
+                running[pool.submit(function, *task)] = task
+                return
+
+        for _ in range(jobs):
+            start_next()
+        while running:
+            done, _ = concurrent.futures.wait(
+                running, return_when=concurrent.futures.FIRST_COMPLETED)
+            # a failure among the finished ones is raised before any other task starts; leaving
+            # the pool's block waits for those still running
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()
+            for future in done:
+                task = running.pop(future)
+                start_next()
+                yield task, future.result()
 
 
 def save_result(run_dir, result):

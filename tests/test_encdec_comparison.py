@@ -4,11 +4,10 @@ real files' preparation is tests/test_prepare.py's), and its refusals before any
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
-from conftest import cli_env, forked_env
+from conftest import forked_env, run_command
 from helpers import SCRIPTS, cogs_like, multi30k_like
 
 from layerlab import runs
@@ -18,8 +17,9 @@ SCRIPT = os.path.join(SCRIPTS, "experiments", "encdec_comparison.py")
 
 
 def _run(*args, cwd, env=None):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True,
-                          text=True, env=env or cli_env(), cwd=cwd)
+    # forked from the tests' warm server (conftest.run_command): the script's own imports are
+    # not paid again at each of its three starts
+    return run_command([sys.executable, SCRIPT, *map(str, args)], cwd=cwd, env=env)
 
 
 def test_both_tasks_end_to_end_then_resume(tmp_path):

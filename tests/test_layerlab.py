@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+import threading
 
 import pytest
 from helpers import REPO, SCRIPTS
@@ -137,7 +138,23 @@ def test_in_parallel_yields_every_task_and_stops_at_a_failed_step():
         raise ValueError(f"bug in task {k}")
     with pytest.raises(ValueError, match="bug in task 0"):
         list(runs.in_parallel(broken, [(k,) for k in range(50)], 1))
-    assert len(started) < 50
+    assert started == [0]
+    # never more than `jobs` tasks at a time, and every one of them is run
+    lock, at_once, most = threading.Lock(), [0], [0]
+    first_three = threading.Barrier(3, timeout=30)  # broken unless three run at once
+
+    def counted(k):
+        with lock:
+            at_once[0] += 1
+            most[0] = max(most[0], at_once[0])
+        if k < 3:
+            first_three.wait()
+        with lock:
+            at_once[0] -= 1
+        return k
+    assert sorted(k for _, k in runs.in_parallel(counted, [(k,) for k in range(12)], 3)) == list(
+        range(12))
+    assert most[0] == 3
 
 
 def test_last_train_loss_falls_back_to_the_epoch_record(tmp_path):
